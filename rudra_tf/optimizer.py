@@ -1,0 +1,205 @@
+"""StalenessAwareOptimizer: any tf_keras optimizer, applied by Rudra's rules."""
+
+import contextlib
+
+import tensorflow as tf
+import tf_keras
+from tf_keras.src.optimizers import utils as optimizer_utils
+
+from rudra_tf import protocol as protocol_lib
+from rudra_tf import variables as variables_lib
+
+_LearningRateSchedule = tf_keras.optimizers.schedules.LearningRateSchedule
+
+
+@contextlib.contextmanager
+def _swapped_attributes(obj, **values):
+  """Temporarily sets attributes without Trackable bookkeeping (trace time)."""
+  saved = {name: obj.__dict__[name] for name in values}
+  try:
+    for name, value in values.items():
+      object.__setattr__(obj, name, value)
+    yield
+  finally:
+    for name, value in saved.items():
+      object.__setattr__(obj, name, value)
+
+
+class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
+  """Wraps a tf_keras optimizer (by composition) for a RudraStrategy.
+
+  A learner's `apply_gradients` pushes its gradients, with the timestamp of
+  the weights they were computed on, to the parameter-server shards. A shard
+  that has gathered c = floor(λ/n) gradients applies one update with the
+  wrapped optimizer (its slots, schedule and hyper-parameters):
+
+      θ(i+1) = θ(i) - m · α(i) · (1/c) · Σ_{l=1..c} w(σ_l) · g_l
+
+  where α(i) is the inner optimizer's (scheduled) learning rate at the shard's
+  timestamp i, and by `lr_policy`:
+
+  * "none":                m = 1,   w(σ) = 1.
+  * "divide_by_n":         m = 1/n for n-softsync, 1/λ for async, 1 for
+                           hardsync (the ICDM rule α0 / <σ>); w(σ) = 1.
+  * "divide_by_staleness": m = 1,   w(σ) = 1/σ for σ > 0, 1 for σ = 0
+                           (the IJCAI follow-up's per-gradient rule).
+
+  For SGD the update is exactly the paper's. For adaptive optimizers (Adam)
+  the inner rule receives the weighted mean gradient; m still multiplies the
+  step size, and the timestamp drives Adam's bias correction.
+
+  The inner optimizer's gradient clipping runs on the learner, before the
+  push; its weight decay and variable constraints run with each update.
+
+  Must be created inside `RudraStrategy.scope()`, with the inner optimizer
+  created there too (its learning rate then lives on a ps task).
+
+  Limitations: legacy (`tf_keras.optimizers.legacy`) optimizers and
+  `use_ema=True` are not supported.
+  """
+
+  def __init__(self, optimizer, lr_policy=protocol_lib.LR_NONE,
+               name="StalenessAwareOptimizer"):
+    from rudra_tf.strategy import RudraStrategy  # pylint: disable=g-import-not-at-top
+    strategy = tf.distribute.get_strategy()
+    if not isinstance(strategy, RudraStrategy):
+      raise ValueError(
+          "StalenessAwareOptimizer must be created inside "
+          "`with rudra_tf.RudraStrategy(...).scope():`; the current strategy "
+          f"is {type(strategy).__name__}.")
+    if isinstance(optimizer, StalenessAwareOptimizer):
+      raise ValueError("StalenessAwareOptimizer cannot wrap another "
+                       "StalenessAwareOptimizer.")
+    if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+      raise ValueError(
+          "StalenessAwareOptimizer wraps a tf_keras optimizer such as "
+          f"tf_keras.optimizers.SGD or Adam; got {optimizer!r}.")
+    if getattr(optimizer, "_distribution_strategy", None) is not strategy:
+      raise ValueError(
+          "The wrapped optimizer was created outside this RudraStrategy's "
+          "scope; create it inside `with strategy.scope():` too.")
+    if optimizer.use_ema:
+      raise ValueError("StalenessAwareOptimizer does not support an inner "
+                       "optimizer with use_ema=True.")
+    protocol_lib.validate_lr_policy(lr_policy)
+    super().__init__(name=name, jit_compile=False)
+    self._optimizer = optimizer
+    self._lr_policy = lr_policy
+    self._strategy = self._no_dependency(strategy)
+    self._lr_multiplier = protocol_lib.learning_rate_multiplier(
+        lr_policy, strategy.protocol)
+    strategy._attach_optimizer(self)  # pylint: disable=protected-access
+
+  # ----------------------------------------------------------- properties
+  @property
+  def inner_optimizer(self):
+    return self._optimizer
+
+  @property
+  def lr_policy(self):
+    return self._lr_policy
+
+  @property
+  def learning_rate_multiplier(self):
+    """m above: the constant factor on the inner learning rate."""
+    return self._lr_multiplier
+
+  @property
+  def learning_rate(self):
+    return self._optimizer.learning_rate
+
+  @learning_rate.setter
+  def learning_rate(self, learning_rate):
+    self._optimizer.learning_rate = learning_rate
+
+  @property
+  def iterations(self):
+    """Updates applied: the first parameter-server shard's timestamp."""
+    shards = getattr(self, "_rudra_shards", None)
+    return shards[0].timestamp if shards else self._iterations
+
+  @property
+  def variables(self):
+    shard_variables = []
+    for shard in getattr(self, "_rudra_shards", None) or ():
+      shard_variables += [shard.timestamp, shard.pending, shard.received,
+                          shard.dropped, shard.staleness_sum,
+                          shard.staleness_max, shard.histogram]
+      shard_variables += list(shard.accumulators)
+    return list(self._optimizer.variables) + shard_variables
+
+  def _track_shards(self, shards):
+    self._rudra_shards = shards
+
+  # -------------------------------------------------------------- training
+  def build(self, var_list):
+    if getattr(self, "_built", False):
+      return
+    self._optimizer.build(var_list)
+    self._built = True
+
+  def update_step(self, gradient, variable):
+    raise NotImplementedError(
+        "StalenessAwareOptimizer applies updates on the parameter-server "
+        "shards; call apply_gradients inside a RudraStrategy training step.")
+
+  def apply_gradients(self, grads_and_vars, name=None,
+                      skip_gradients_aggregation=False, **kwargs):
+    """Pushes this learner's gradients with the timestamps of its pull."""
+    del name, skip_gradients_aggregation, kwargs
+    pulled = variables_lib.current_pull()
+    if pulled is None:
+      raise ValueError(
+          "StalenessAwareOptimizer.apply_gradients must run inside a "
+          "RudraStrategy training step (model.fit, or strategy.run inside "
+          "ClusterCoordinator.schedule), where the weights were pulled.")
+    grads_and_vars = optimizer_utils.filter_empty_gradients(
+        list(grads_and_vars))
+    if not grads_and_vars:
+      return self.iterations
+    grads, trainable_variables = zip(*grads_and_vars)
+    with tf.init_scope():
+      self.build(trainable_variables)
+    grads = self._optimizer._clip_gradients(grads)  # pylint: disable=protected-access
+    self._strategy._push(  # pylint: disable=protected-access
+        list(zip(grads, trainable_variables)), pulled, self._apply_update,
+        self._lr_policy)
+    return self.iterations
+
+  def _apply_update(self, mean_grads_and_vars, timestamp):
+    """One update on one shard, run inside the shard's lock."""
+    inner = self._optimizer
+    base = inner._learning_rate  # pylint: disable=protected-access
+    if isinstance(base, _LearningRateSchedule):
+      base = base(timestamp.live_read())
+    learning_rate = tf.convert_to_tensor(base) * self._lr_multiplier
+    with _swapped_attributes(inner, _learning_rate=learning_rate,
+                             _iterations=timestamp):
+      if inner.weight_decay:
+        for _, variable in mean_grads_and_vars:
+          if inner._use_weight_decay(variable):  # pylint: disable=protected-access
+            decay = tf.cast(inner.weight_decay * learning_rate,
+                            variable.dtype)
+            variable.assign_sub(variable.live_read() * decay)
+      for gradient, variable in mean_grads_and_vars:
+        inner._update_step(gradient, variable)  # pylint: disable=protected-access
+      for _, variable in mean_grads_and_vars:
+        if variable.constraint is not None:
+          variable.assign(variable.constraint(variable.live_read()))
+
+  # --------------------------------------------------------- serialization
+  def get_config(self):
+    return {
+        "name": self.name,
+        "optimizer": tf_keras.optimizers.serialize(self._optimizer),
+        "lr_policy": self._lr_policy,
+    }
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    config = dict(config)
+    inner = config.pop("optimizer")
+    if not isinstance(inner, tf_keras.optimizers.Optimizer):
+      inner = tf_keras.optimizers.deserialize(
+          inner, custom_objects=custom_objects, use_legacy_optimizer=False)
+    return cls(inner, **config)

@@ -1,0 +1,82 @@
+"""StalenessReport: what the parameter-server shards counted (plain numpy)."""
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardReport:
+  """One shard's counters.
+
+  Attributes:
+    timestamp: updates this shard applied.
+    gradients: gradients it received (accepted and dropped).
+    pending: accepted gradients waiting for the next update.
+    dropped: gradients refused by max_staleness.
+    histogram: int64 array, histogram[σ] = gradients received with staleness
+      σ; the last bin counts σ >= its index.
+    mean: exact mean staleness of the received gradients (0 if none).
+    max: largest staleness received.
+  """
+  timestamp: int
+  gradients: int
+  pending: int
+  dropped: int
+  histogram: np.ndarray
+  mean: float
+  max: int
+
+  @classmethod
+  def from_counters(cls, timestamp, pending, received, dropped, staleness_sum,
+                    staleness_max, histogram):
+    received = int(received)
+    return cls(timestamp=int(timestamp), gradients=received,
+               pending=int(pending), dropped=int(dropped),
+               histogram=np.asarray(histogram, np.int64),
+               mean=float(staleness_sum) / received if received else 0.0,
+               max=int(staleness_max))
+
+
+@dataclasses.dataclass(frozen=True)
+class StalenessReport(ShardReport):
+  """Counters of the whole parameter server.
+
+  The top-level fields are those of the first shard (the ps task holding the
+  first trainable variable); with several shards each has its own clock and
+  histogram, all in `shards`. Every shard receives every push, so after a
+  fit their `gradients` agree.
+
+  The exact invariant of every shard:
+  `timestamp * gradients_per_update + pending == gradients - dropped`.
+  """
+  protocol: str = ""
+  num_learners: int = 0
+  gradients_per_update: int = 0
+  shards: tuple = ()
+
+  @classmethod
+  def from_shards(cls, protocol, shard_counters):
+    shards = tuple(ShardReport.from_counters(*counters)
+                   for counters in shard_counters)
+    first = dataclasses.asdict(shards[0])
+    return cls(**first, protocol=protocol.name,
+               num_learners=protocol.num_learners,
+               gradients_per_update=protocol.gradients_per_update,
+               shards=shards)
+
+  @classmethod
+  def empty(cls, protocol, bins):
+    zeros = ShardReport.from_counters(0, 0, 0, 0, 0, 0, np.zeros(bins))
+    return cls(**dataclasses.asdict(zeros), protocol=protocol.name,
+        num_learners=protocol.num_learners,
+        gradients_per_update=protocol.gradients_per_update, shards=())
+
+  def summary(self):
+    """A one-line human summary."""
+    last = int(np.max(np.nonzero(self.histogram)[0], initial=0))
+    return (f"{self.protocol} (λ={self.num_learners}, "
+            f"c={self.gradients_per_update}): updates={self.timestamp} "
+            f"gradients={self.gradients} pending={self.pending} "
+            f"dropped={self.dropped} staleness mean={self.mean:.3f} "
+            f"max={self.max} histogram={self.histogram[:last + 1].tolist()}")

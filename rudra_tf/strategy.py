@@ -1,0 +1,269 @@
+"""RudraStrategy: TensorFlow's parameter-server strategy with Rudra's protocols."""
+
+import contextlib
+
+import tensorflow as tf
+from tensorflow.python.autograph.core import ag_ctx
+from tensorflow.python.autograph.impl import api as autograph
+from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
+
+from rudra_tf import protocol as protocol_lib
+from rudra_tf import report as report_lib
+from rudra_tf import variables as variables_lib
+from rudra_tf.shard_state import ShardState
+
+# tf_keras builds its evaluate/predict steps in these methods; their steps
+# read the live weights without a pull (and never take a hardsync token).
+_INFERENCE_STEP_BUILDERS = ("make_test_function", "_make_test_function_exact",
+                            "make_predict_function")
+
+
+def _is_inference_step(fn):
+  qualname = getattr(fn, "__qualname__", "")
+  return any(f"{name}.<locals>" in qualname
+             for name in _INFERENCE_STEP_BUILDERS)
+
+
+def _count_tasks(cluster_resolver, job):
+  return len(cluster_resolver.cluster_spec().as_dict().get(job, ()))
+
+
+class RudraExtended(pss.ParameterServerStrategyV2Extended):
+  """ParameterServerStrategyV2Extended with Rudra's variables and update path.
+
+  RudraStrategy swaps its `extended` object to this class after
+  ParameterServerStrategy's constructor ran; it adds no state of its own.
+  """
+
+  def _create_var_creator(self, next_creator, **kwargs):
+    kwargs.pop("aggregation", None)
+    strategy = self._container_strategy()
+
+    def rudra_variable_creator(**creator_kwargs):
+      variable = variables_lib.RudraVariable(next_creator(**creator_kwargs))
+      strategy._register_variable(variable)  # pylint: disable=protected-access
+      return variable
+
+    if self._num_replicas_in_sync > 1:
+      raise ValueError(
+          "RudraStrategy runs one replica per learner task, but each worker "
+          f"has {self._num_replicas_in_sync} GPUs: give each learner task one "
+          "GPU (CUDA_VISIBLE_DEVICES), as launch/train.py --gpus does.")
+    return rudra_variable_creator
+
+  def _update(self, var, fn, args, kwargs, group):
+    if variables_lib.current_pull() is not None:
+      raise ValueError(
+          "RudraStrategy applies gradients through "
+          "rudra_tf.StalenessAwareOptimizer, but the model's optimizer "
+          "updated a variable directly. Compile the model with "
+          "optimizer=rudra_tf.StalenessAwareOptimizer(your_optimizer).")
+    return super()._update(var, fn, args, kwargs, group)
+
+
+class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
+  """Parameter-server training with Rudra's staleness-controlled protocols.
+
+  Learners (the cluster's "worker" tasks, λ of them) pull the weights with
+  their timestamp, compute a gradient on their own mini-batch and push it
+  with that timestamp. Each parameter-server shard (a "ps" task holding
+  trainable variables) keeps its own clock, computes each gradient's
+  staleness σ = timestamp now - timestamp pulled, keeps a staleness histogram
+  and aggregates gradients by protocol:
+
+  * "hardsync": c = λ gradients, all computed on the same weights, make one
+    update; a learner's next pull waits for that update, so σ is always 0.
+  * "<n>-softsync": an update as soon as c = floor(λ/n) gradients arrived,
+    from any learners, with no barrier. "1-softsync" has c = λ.
+  * "async" (= "λ-softsync"): c = 1, each gradient is applied on arrival.
+
+  The learning-rate policy (α0, α0/n, α0/σ) belongs to
+  `rudra_tf.StalenessAwareOptimizer`, which the model must be compiled with.
+
+  Usage with tf_keras `model.fit`:
+
+  ```python
+  import tf_keras, rudra_tf
+  cluster = rudra_tf.LocalCluster(num_ps=1, num_learners=4)
+  strategy = rudra_tf.RudraStrategy(cluster.resolver, protocol="2-softsync")
+  with strategy.scope():
+    model = tf_keras.Sequential([
+        tf_keras.layers.Input((784,)),
+        tf_keras.layers.Dense(10, activation="softmax")])
+    model.compile(
+        optimizer=rudra_tf.StalenessAwareOptimizer(
+            tf_keras.optimizers.SGD(0.01, momentum=0.9),
+            lr_policy="divide_by_n"),
+        loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+  model.fit(x, y, epochs=2, steps_per_epoch=50)
+  print(strategy.staleness_report())
+  ```
+
+  In a deployment, pass
+  `tf.distribute.cluster_resolver.TFConfigClusterResolver()` instead of the
+  local cluster's resolver.
+
+  Placement: model variables are spread round-robin over the ps tasks (or
+  sharded by `variable_partitioner`); optimizer slots, gradient accumulators
+  and the protocol state live next to the variables they belong to. The chief
+  (coordinator) holds nothing a learner needs per step.
+
+  Consistency: with `consistent_pulls=True` (the default) a pull reads a
+  shard's weights and timestamp under the shard's lock, so they always belong
+  to the same version. `consistent_pulls=False` reads without the lock:
+  faster, but the weights may mix two versions (and then σ is approximate).
+
+  Limitations:
+    * Shards are not synchronized with each other (as in Rudra): each shard
+      has its own timestamp and histogram; `staleness_report()` gives each.
+    * One replica per learner task (no multi-GPU learners).
+    * Sparse gradients (embeddings) are accumulated densely.
+    * evaluate and predict steps read the live weights without the lock.
+    * A hardsync learner that dies between its pull and its push leaves its
+      round one gradient short (fault tolerance is not handled here).
+    * Trainable variables must exist before the first training step.
+  """
+
+  def __init__(self, cluster_resolver, protocol="async", *,
+               max_staleness=None, variable_partitioner=None,
+               consistent_pulls=True):
+    num_ps = _count_tasks(cluster_resolver, "ps")
+    num_learners = _count_tasks(cluster_resolver, "worker")
+    if num_ps < 1 or num_learners < 1:
+      raise ValueError(
+          "RudraStrategy needs a cluster with at least one 'ps' task and at "
+          f"least one 'worker' (learner) task; this cluster has {num_ps} ps "
+          f"and {num_learners} worker tasks: "
+          f"{cluster_resolver.cluster_spec().as_dict()}.")
+    self._protocol = protocol_lib.parse_protocol(protocol, num_learners)
+    self._max_staleness = protocol_lib.validate_max_staleness(max_staleness)
+    if not isinstance(consistent_pulls, bool):
+      raise ValueError(
+          f"consistent_pulls must be True or False, got {consistent_pulls!r}.")
+    self._consistent_pulls = consistent_pulls
+    self._trainable_variables = []
+    self._shards = None
+    self._optimizer = None
+    super().__init__(cluster_resolver, variable_partitioner)
+    self._extended.__class__ = RudraExtended
+
+  # ------------------------------------------------------------- properties
+  @property
+  def protocol(self):
+    """The parsed `rudra_tf.protocol.Protocol`."""
+    return self._protocol
+
+  @property
+  def num_learners(self):
+    return self._protocol.num_learners
+
+  @property
+  def max_staleness(self):
+    return self._max_staleness
+
+  # ------------------------------------------------------------- variables
+  def _register_variable(self, variable):
+    # tf_keras creates its step counters as int64 variables that tf.Variable
+    # marks trainable; only floating-point weights take part in the protocol.
+    if variable.trainable and variable.dtype.is_floating:
+      if self._shards is not None:
+        raise ValueError(
+            f"Trainable variable {variable.name} was created after training "
+            "started; RudraStrategy needs every trainable variable to exist "
+            "before the first step (build the model before fit).")
+      self._trainable_variables.append(variable)
+
+  def _attach_optimizer(self, optimizer):
+    self._optimizer = optimizer
+    if self._shards is not None:
+      optimizer._track_shards(self._shards)  # pylint: disable=protected-access
+
+  def _ensure_shards(self):
+    """Creates one ShardState per ps task holding trainable variables."""
+    if self._shards is not None:
+      return self._shards
+    if not self._trainable_variables:
+      raise ValueError(
+          "RudraStrategy found no trainable variables: create and build the "
+          "model inside strategy.scope() before training.")
+    by_device = {}
+    for variable in self._trainable_variables:
+      by_device.setdefault(variable.device, []).append(variable)
+    bins = protocol_lib.histogram_bins(self._protocol.num_learners)
+    in_replica = tf.distribute.has_strategy() and \
+        not tf.distribute.in_cross_replica_context()
+    with tf.init_scope(), (
+        contextlib.nullcontext() if in_replica else self.scope()):
+      shards = [ShardState(self, index, device_variables, self._protocol, bins)
+                for index, device_variables in
+                enumerate(by_device[d] for d in sorted(by_device))]
+      self._shards = shards
+      if self._optimizer is not None:
+        self._optimizer._track_shards(shards)  # pylint: disable=protected-access
+      for shard in shards:
+        shard.refill_tokens()
+    return shards
+
+  def _shard_of(self, variable):
+    for shard in self._shards:
+      if shard.owns(variable):
+        return shard
+    raise ValueError(
+        f"Variable {variable.name} is not a trainable variable created under "
+        "this RudraStrategy's scope.")
+
+  # ------------------------------------------------------------ pull / push
+  def run(self, fn, args=(), kwargs=None, options=None):
+    """Runs `fn` on a learner; training steps see a pull of the weights."""
+    if _is_inference_step(fn):
+      return super().run(fn, args, kwargs, options)
+    converted = autograph.tf_convert(fn, ag_ctx.control_status_ctx())
+
+    @tf.autograph.experimental.do_not_convert
+    def pulled_step(*step_args, **step_kwargs):
+      with variables_lib.pull_scope(self._pull()):
+        return converted(*step_args, **step_kwargs)
+
+    return super().run(pulled_step, args, kwargs, options)
+
+  def _pull(self):
+    pulled = variables_lib.PulledWeights()
+    for shard in self._ensure_shards():
+      shard.pull(pulled, consistent=self._consistent_pulls)
+    return pulled
+
+  def _push(self, grads_and_vars, pulled, apply_update, lr_policy):
+    """Pushes one learner's gradients, shard by shard (graph code)."""
+    per_shard = {}
+    for gradient, variable in _split_sharded(grads_and_vars):
+      shard = self._shard_of(variable)
+      per_shard.setdefault(shard.index, []).append(
+          (tf.convert_to_tensor(gradient), variable))
+    staleness = []
+    for shard in self._shards:
+      if shard.index in per_shard:
+        staleness.append(shard.push(
+            per_shard[shard.index], pulled.timestamps[shard.index],
+            apply_update, lr_policy, self._max_staleness))
+    return staleness
+
+  # ----------------------------------------------------------------- report
+  def staleness_report(self):
+    """Reads every shard's counters (eagerly, under each shard's lock)."""
+    bins = protocol_lib.histogram_bins(self._protocol.num_learners)
+    if self._shards is None:
+      return report_lib.StalenessReport.empty(self._protocol, bins)
+    return report_lib.StalenessReport.from_shards(
+        self._protocol, [shard.read_statistics() for shard in self._shards])
+
+
+def _split_sharded(grads_and_vars):
+  """Expands (gradient, ShardedVariable) pairs into per-part pairs."""
+  for gradient, variable in grads_and_vars:
+    parts = getattr(variable, "_variables", None)
+    if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+      dense = tf.convert_to_tensor(gradient)
+      sizes = [part.shape[0] for part in parts]
+      yield from zip(tf.split(dense, sizes, axis=0), parts)
+    else:
+      yield gradient, variable

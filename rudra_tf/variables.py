@@ -1,0 +1,106 @@
+"""Parameter-server variables whose reads inside a training step see a pull.
+
+`RudraStrategy` wraps every variable it places on a ps task in a
+`RudraVariable` (a `ps_values.CachingVariable`, which TF's own
+ParameterServerStrategy wraps every variable in). Outside a pull a
+`RudraVariable` reads like the variable it wraps. While a training step runs,
+`pull_scope` makes each read of a pulled (trainable) variable return the value
+read, together with its shard's timestamp, under the shard's lock: the forward
+pass sees one consistent version of the weights, and the push carries that
+version's timestamp.
+
+Gradients still reach the live variable: a read returns
+`snapshot + (live - stop_gradient(live))`, computed on the variable's ps task,
+which equals the snapshot (x - x == 0 exactly for finite x) while the tape
+records the read of `live`.
+"""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+from tensorflow.python.distribute import ps_values
+
+_state = threading.local()
+
+
+class PulledWeights:
+  """The tensors of one pull: per-variable snapshots and per-shard timestamps.
+
+  Attributes:
+    snapshots: maps `id(RudraVariable)` to the snapshot tensor on its ps task.
+    timestamps: maps a shard's index to the timestamp tensor read with it.
+  """
+
+  def __init__(self):
+    self.snapshots = {}
+    self.timestamps = {}
+
+
+def _stack():
+  if not hasattr(_state, "stack"):
+    _state.stack = []
+  return _state.stack
+
+
+def current_pull():
+  """The innermost active `PulledWeights`, or None (live reads)."""
+  stack = _stack()
+  return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def pull_scope(pulled):
+  """Reads of pulled variables inside this scope return `pulled`'s values."""
+  _stack().append(pulled)
+  try:
+    yield pulled
+  finally:
+    _stack().pop()
+
+
+@contextlib.contextmanager
+def live_reads():
+  """Reads inside this scope see the live variables (used by the push)."""
+  with pull_scope(None):
+    yield
+
+
+class RudraVariable(ps_values.CachingVariable):
+  """A ps variable whose reads return the current pull's snapshot, if any."""
+
+  def _pulled_value(self):
+    pulled = current_pull()
+    if pulled is None:
+      return None
+    snapshot = pulled.snapshots.get(id(self))
+    if snapshot is None:
+      return None
+    # Recomputed at every read, not cached: a read inside a loop or cond
+    # body must record its own tape entry in that body's graph.
+    with tf.device(self._v.device):
+      live = self._v.value()
+      return snapshot + (live - tf.stop_gradient(live))
+
+  def value(self):
+    pulled = self._pulled_value()
+    return super().value() if pulled is None else pulled
+
+  def read_value(self):
+    pulled = self._pulled_value()
+    return super().read_value() if pulled is None else tf.identity(pulled)
+
+  def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+    pulled = self._pulled_value()
+    if pulled is None:
+      return super()._dense_var_to_tensor(dtype=dtype, name=name,
+                                          as_ref=as_ref)
+    if dtype is not None and not dtype.is_compatible_with(pulled.dtype):
+      raise ValueError(
+          f"Incompatible type conversion requested to type {dtype.name} for "
+          f"variable {self.name} of type {pulled.dtype.name}.")
+    return pulled
+
+  def live_read(self):
+    """Reads the wrapped variable, ignoring any pull (for the ps side)."""
+    return self._v.read_value()
