@@ -136,6 +136,9 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     if getattr(self, "_built", False):
       return
     self._optimizer.build(var_list)
+    # The protocol state is built with the slots, so that a checkpoint
+    # restored before training restores it too.
+    self._strategy._ensure_shards()  # pylint: disable=protected-access
     self._built = True
 
   def update_step(self, gradient, variable):

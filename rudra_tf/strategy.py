@@ -52,7 +52,9 @@ class RudraExtended(pss.ParameterServerStrategyV2Extended):
     return rudra_variable_creator
 
   def _update(self, var, fn, args, kwargs, group):
-    if variables_lib.current_pull() is not None:
+    # Keyed on the variable, not on the pull: tf_keras optimizers reach here
+    # through merge_call, on another thread than the learner's step.
+    if self._container_strategy()._is_protocol_variable(var):  # pylint: disable=protected-access
       raise ValueError(
           "RudraStrategy applies gradients through "
           "rudra_tf.StalenessAwareOptimizer, but the model's optimizer "
@@ -173,6 +175,9 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
             "before the first step (build the model before fit).")
       self._trainable_variables.append(variable)
 
+  def _is_protocol_variable(self, variable):
+    return any(variable is v for v in self._trainable_variables)
+
   def _attach_optimizer(self, optimizer):
     self._optimizer = optimizer
     if self._shards is not None:
@@ -260,8 +265,8 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
 def _split_sharded(grads_and_vars):
   """Expands (gradient, ShardedVariable) pairs into per-part pairs."""
   for gradient, variable in grads_and_vars:
-    parts = getattr(variable, "_variables", None)
     if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+      parts = variable.variables
       dense = tf.convert_to_tensor(gradient)
       sizes = [part.shape[0] for part in parts]
       yield from zip(tf.split(dense, sizes, axis=0), parts)

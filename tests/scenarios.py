@@ -1,0 +1,308 @@
+"""Cluster scenarios, each run in its own process by `support.run_in_fresh_process`.
+
+Each starts a real in-process TensorFlow cluster on 127.0.0.1, trains, and
+returns plain data (numpy arrays, dicts) for the test to assert on.
+"""
+
+import dataclasses
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _connect(num_ps, num_learners, protocol, **strategy_kwargs):
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  cluster = rudra_tf.LocalCluster(num_ps=num_ps, num_learners=num_learners)
+  strategy = rudra_tf.RudraStrategy(cluster.resolver, protocol=protocol,
+                                    **strategy_kwargs)
+  return cluster, strategy
+
+
+def _report(strategy):
+  report = strategy.staleness_report()
+  result = dataclasses.asdict(report)
+  result["shards"] = [dataclasses.asdict(s) for s in report.shards]
+  print(report.summary())
+  return result
+
+
+def _data(n=240, features=6, classes=3, seed=1):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, features)).astype("float32")
+  y = (np.abs(x[:, :classes]).argmax(1)).astype("int64")
+  return x, y
+
+
+def _dataset(x, y, batch):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch)
+
+
+def _mlp(features=6, hidden=8, classes=3, seed=2):
+  """A small MLP with numpy-seeded initial weights (identical everywhere)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  model = tf_keras.Sequential([
+      tf_keras.layers.Input((features,)),
+      tf_keras.layers.Dense(hidden, activation="tanh"),
+      tf_keras.layers.Dense(classes, activation="softmax")])
+  rng = np.random.default_rng(seed)
+  model.set_weights([rng.normal(scale=0.5, size=w.shape).astype("float32")
+                     for w in model.get_weights()])
+  return model
+
+
+def _make_optimizer(name):
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  if name == "sgd_momentum":
+    return tf_keras.optimizers.SGD(0.05, momentum=0.9)
+  if name == "adam":
+    return tf_keras.optimizers.Adam(0.01)
+  if name == "sgd_schedule":
+    schedule = tf_keras.optimizers.schedules.PiecewiseConstantDecay(
+        [10, 20], [0.1, 0.05, 0.01])
+    return tf_keras.optimizers.SGD(schedule, momentum=0.9)
+  raise ValueError(name)
+
+
+# ----------------------------------------------------------------- oracle
+def one_learner_matches_plain(optimizer, steps=30):
+  """One learner, async, lr_policy "none", against plain tf_keras."""
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, 1, "async")
+  x, y = _data()
+  with strategy.scope():
+    model = _mlp()
+    model.compile(
+        optimizer=rudra_tf.StalenessAwareOptimizer(
+            _make_optimizer(optimizer), lr_policy="none"),
+        loss="sparse_categorical_crossentropy")
+  model.fit(_dataset(x, y, 8), epochs=1, steps_per_epoch=steps, verbose=0)
+  reference = _mlp()
+  reference.compile(optimizer=_make_optimizer(optimizer),
+                    loss="sparse_categorical_crossentropy")
+  reference.fit(_dataset(x, y, 8), epochs=1, steps_per_epoch=steps,
+                verbose=0)
+  return {"rudra": model.get_weights(), "plain": reference.get_weights(),
+          "report": _report(strategy)}
+
+
+# --------------------------------------------------------------- protocols
+def fit_and_report(num_learners, protocol, epochs=1, steps=40, num_ps=1,
+                   evaluate_between=False, more_steps=0):
+  """Fits the MLP and returns the staleness report."""
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(num_ps, num_learners, protocol)
+  x, y = _data()
+  with strategy.scope():
+    model = _mlp()
+    model.compile(
+        optimizer=rudra_tf.StalenessAwareOptimizer(
+            _make_optimizer("sgd_momentum"), lr_policy="divide_by_n"),
+        loss="sparse_categorical_crossentropy")
+  dataset = _dataset(x, y, 4)
+  model.fit(dataset, epochs=epochs, steps_per_epoch=steps, verbose=0)
+  if evaluate_between:
+    model.evaluate(dataset, steps=5, verbose=0)
+  if more_steps:
+    model.fit(dataset, epochs=1, steps_per_epoch=more_steps, verbose=0)
+  return _report(strategy)
+
+
+def linear_updates(num_learners, protocol, lr_policy, steps, learning_rate=0.1,
+                   schedule=None, max_staleness=None, num_ps=1):
+  """Loss = mean(w·x) with x = 1: every learner's gradient is exactly 1.
+
+  The final w is then a hand-computable function of the protocol, the policy
+  and the recorded staleness histogram.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(num_ps, num_learners, protocol,
+                         max_staleness=max_staleness)
+  if schedule is not None:
+    boundaries, values = schedule
+    learning_rate = tf_keras.optimizers.schedules.PiecewiseConstantDecay(
+        boundaries, values)
+  with strategy.scope():
+    model = tf_keras.Sequential([
+        tf_keras.layers.Input((1,)),
+        tf_keras.layers.Dense(1, kernel_initializer="zeros",
+                              bias_initializer="zeros")])
+    model.compile(
+        optimizer=rudra_tf.StalenessAwareOptimizer(
+            tf_keras.optimizers.SGD(learning_rate), lr_policy=lr_policy),
+        loss=lambda y_true, y_pred: tf.reduce_mean(y_pred))
+  x = np.ones((64, 1), np.float32)
+  model.fit(_dataset(x, np.zeros((64, 1), np.float32), 2), epochs=1,
+            steps_per_epoch=steps, verbose=0)
+  kernel, bias = model.get_weights()
+  return {"kernel": float(kernel[0, 0]), "bias": float(bias[0]),
+          "devices": [v.device for v in model.trainable_variables],
+          "report": _report(strategy)}
+
+
+# --------------------------------------------------------------- placement
+def two_ps_training(partitioned, steps=20):
+  """One learner, two ps tasks, with or without a variable partitioner."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  partitioner = (tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+                 if partitioned else None)
+  _, strategy = _connect(2, 1, "async", variable_partitioner=partitioner)
+  x, y = _data(features=32)
+  with strategy.scope():
+    model = _mlp(features=32, hidden=64)
+    model.compile(
+        optimizer=rudra_tf.StalenessAwareOptimizer(
+            _make_optimizer("sgd_momentum")),
+        loss="sparse_categorical_crossentropy")
+  model.fit(_dataset(x, y, 8), epochs=1, steps_per_epoch=steps, verbose=0)
+  placement = []  # devices of each layer variable's parts
+  for layer in model.layers:
+    for variable in (layer.kernel, layer.bias):
+      if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+        placement.append([part.device for part in variable.variables])
+      else:
+        placement.append([variable.device])
+  slot_devices = [v.device for v in model.optimizer.inner_optimizer.variables
+                  if v.name.startswith("m/")]
+  full_weights = [tf.convert_to_tensor(v).numpy() for layer in model.layers
+                  for v in (layer.kernel, layer.bias)]
+  return {"weights": full_weights, "placement": placement,
+          "slot_devices": slot_devices, "report": _report(strategy)}
+
+
+# -------------------------------------------------------------- checkpoint
+def checkpoint_round(path, restore, steps=7):
+  """Trains 1-softsync (λ=2, c=2) and saves, or restores and reads back."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, 2, "1-softsync")
+  x, y = _data()
+  with strategy.scope():
+    model = _mlp(seed=5 if restore else 2)
+    optimizer = rudra_tf.StalenessAwareOptimizer(
+        _make_optimizer("sgd_momentum"), lr_policy="divide_by_staleness")
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+  if restore:
+    checkpoint.read(path).assert_existing_objects_matched()
+    optimizer.build(model.trainable_variables)
+  else:
+    model.fit(_dataset(x, y, 4), epochs=1, steps_per_epoch=steps, verbose=0)
+    checkpoint.write(path)
+  state = {
+      "weights": model.get_weights(),
+      "slots": [v.numpy() for v in optimizer.inner_optimizer.variables],
+      "accumulators": [a.numpy() for s in optimizer._rudra_shards  # pylint: disable=protected-access
+                       for a in s.accumulators],
+      "report": _report(strategy),
+      "config": optimizer.get_config(),
+  }
+  if restore:
+    model.fit(_dataset(x, y, 4), epochs=1, steps_per_epoch=steps, verbose=0)
+    state["after_more_training"] = _report(strategy)
+  return state
+
+
+# ------------------------------------------------------------------ inputs
+def input_kinds():
+  """fit/evaluate/predict with numpy, tf.data and DatasetCreator input."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, 2, "2-softsync")
+  x, y = _data()
+  with strategy.scope():
+    model = _mlp()
+    model.compile(
+        optimizer=rudra_tf.StalenessAwareOptimizer(
+            _make_optimizer("adam"), lr_policy="divide_by_n"),
+        loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    config = model.optimizer.get_config()
+    clone = rudra_tf.StalenessAwareOptimizer.from_config(config)
+  results = {
+      "config": config,
+      "round_trip": [(type(o.inner_optimizer).__name__,
+                      o.inner_optimizer.get_config(), o.lr_policy, o.name)
+                     for o in (model.optimizer, clone)]}
+
+  def dataset_fn(context):
+    return (tf.data.Dataset.from_tensor_slices((x, y))
+            .shard(context.num_input_pipelines, context.input_pipeline_id)
+            .repeat().batch(4))
+
+  history = [
+      model.fit(x, y, batch_size=4, epochs=1, steps_per_epoch=6, verbose=0),
+      model.fit(_dataset(x, y, 4), epochs=2, steps_per_epoch=5, verbose=0),
+      model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
+                epochs=1, steps_per_epoch=7, verbose=0)]
+  results["losses"] = [h.history["loss"] for h in history]
+  results["evaluate"] = [
+      model.evaluate(_dataset(x, y, 8), steps=4, verbose=0),
+      model.evaluate(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
+                     steps=4, verbose=0)]
+  results["predict_shapes"] = [
+      model.predict(x[:40], batch_size=8, verbose=0).shape,
+      model.predict(tf.data.Dataset.from_tensor_slices(x[:40]).batch(8),
+                    steps=5, verbose=0).shape]
+  expected = model.predict(x[:16], batch_size=8, verbose=0)
+  results["predict_matches_weights"] = bool(np.allclose(
+      expected, _mlp_forward(model.get_weights(), x[:16]), atol=1e-5))
+  results["report"] = _report(strategy)
+  return results
+
+
+def _mlp_forward(weights, x):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  kernel1, bias1, kernel2, bias2 = weights
+  logits = np.tanh(x @ kernel1 + bias1) @ kernel2 + bias2
+  exp = np.exp(logits - logits.max(1, keepdims=True))
+  return exp / exp.sum(1, keepdims=True)
+
+
+def errors_with_cluster():
+  """Misuse that needs a live strategy: each returns its error message."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, 1, "async")
+  x, y = _data()
+  messages = {}
+
+  def capture(name, fn):
+    try:
+      fn()
+      messages[name] = None
+    except (ValueError, TypeError, RuntimeError) as error:
+      messages[name] = f"{type(error).__name__}: {error}"
+
+  outside_optimizer = tf_keras.optimizers.SGD(0.1)
+  with strategy.scope():
+    plain_model = _mlp()
+    plain_model.compile(optimizer=tf_keras.optimizers.SGD(0.1),
+                        loss="sparse_categorical_crossentropy")
+    capture("inner_created_outside_scope",
+            lambda: rudra_tf.StalenessAwareOptimizer(outside_optimizer))
+    capture("wraps_itself", lambda: rudra_tf.StalenessAwareOptimizer(
+        rudra_tf.StalenessAwareOptimizer(tf_keras.optimizers.SGD(0.1))))
+    capture("legacy_optimizer", lambda: rudra_tf.StalenessAwareOptimizer(
+        tf_keras.optimizers.legacy.SGD(0.1)))
+    capture("bad_lr_policy", lambda: rudra_tf.StalenessAwareOptimizer(
+        tf_keras.optimizers.SGD(0.1), lr_policy="divide_by_two"))
+    wrapper = rudra_tf.StalenessAwareOptimizer(tf_keras.optimizers.SGD(0.1))
+  capture("plain_optimizer_fit", lambda: plain_model.fit(
+      _dataset(x, y, 4), epochs=1, steps_per_epoch=2, verbose=0))
+  capture("fit_without_steps", lambda: plain_model.fit(
+      _dataset(x, y, 4), epochs=1, verbose=0))
+  capture("evaluate_without_steps", lambda: plain_model.evaluate(
+      _dataset(x, y, 4), verbose=0))
+  variable = plain_model.trainable_variables[0]
+  capture("apply_outside_step", lambda: wrapper.apply_gradients(
+      [(tf.zeros(variable.shape), variable)]))
+  return messages

@@ -1,0 +1,221 @@
+"""RudraStrategy + StalenessAwareOptimizer against real TensorFlow servers.
+
+Every test runs its cluster in a fresh process (tests/support.py).
+"""
+
+import numpy as np
+import pytest
+
+from tests import scenarios
+from tests.support import run_in_fresh_process
+
+
+def assert_invariants(report):
+  """The exact invariants every shard must satisfy after any run."""
+  c = report["gradients_per_update"]
+  for shard in report["shards"]:
+    accepted = shard["gradients"] - shard["dropped"]
+    assert shard["timestamp"] * c + shard["pending"] == accepted, shard
+    assert 0 <= shard["pending"] < c, shard
+    assert shard["histogram"].sum() == shard["gradients"], shard
+    histogram = shard["histogram"]
+    if histogram[-1] == 0:  # no overflow bin: the mean is exact from it
+      exact_mean = (np.arange(len(histogram)) @ histogram) / max(
+          shard["gradients"], 1)
+      assert shard["mean"] == pytest.approx(exact_mean, abs=1e-12)
+    assert shard["max"] == int(np.max(np.nonzero(histogram)[0], initial=0))
+
+
+# ------------------------------------------------------------------ oracle
+@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adam", "sgd_schedule"])
+def test_one_learner_async_equals_plain_keras(optimizer):
+  result = run_in_fresh_process(scenarios.one_learner_matches_plain,
+                                optimizer=optimizer)
+  assert result["report"]["timestamp"] == 30
+  assert result["report"]["max"] == 0
+  for rudra, plain in zip(result["rudra"], result["plain"]):
+    np.testing.assert_allclose(rudra, plain, rtol=1e-5, atol=1e-7)
+  # And training moved the weights: the comparison is not vacuous.
+  initial = scenarios._mlp().get_weights()  # pylint: disable=protected-access
+  assert not np.allclose(result["plain"][0], initial[0], atol=1e-3)
+
+
+# ---------------------------------------------------------------- hardsync
+def test_hardsync_staleness_is_zero_and_odd_step_counts_finish():
+  # 2 epochs of 20 steps, an evaluate, then 7 more steps: 47 gradients,
+  # never a multiple of λ = 3 at an epoch's end.
+  report = run_in_fresh_process(
+      scenarios.fit_and_report, num_learners=3, protocol="hardsync",
+      epochs=2, steps=20, evaluate_between=True, more_steps=7)
+  assert report["gradients"] == 47
+  assert report["histogram"][0] == 47 and report["max"] == 0
+  assert report["timestamp"] == 47 // 3 and report["pending"] == 47 % 3
+  assert_invariants(report)
+
+
+# ---------------------------------------------------------------- softsync
+@pytest.mark.parametrize("num_learners,protocol,c", [
+    (4, "1-softsync", 4),
+    (4, "2-softsync", 2),
+    (3, "3-softsync", 1),
+    (4, "async", 1),
+])
+def test_softsync_exact_invariants(num_learners, protocol, c):
+  report = run_in_fresh_process(scenarios.fit_and_report,
+                                num_learners=num_learners, protocol=protocol,
+                                steps=42)
+  print(f"{protocol} λ={num_learners}: mean staleness {report['mean']:.3f}, "
+        f"histogram {report['histogram'][:report['max'] + 1].tolist()}")
+  assert report["gradients_per_update"] == c
+  assert report["gradients"] == 42
+  assert_invariants(report)
+  assert report["timestamp"] == 42 // c and report["pending"] == 42 % c
+
+
+# -------------------------------------------------------- lr_policy values
+def test_divide_by_n_update_matches_hand_computation():
+  # λ = 4, 2-softsync: c = 2, α = 0.1 / 2. Each update is
+  # w -= 0.05 * (1/2) * (1 + 1) = 0.05; 30 gradients make 15 updates.
+  result = run_in_fresh_process(
+      scenarios.linear_updates, num_learners=4, protocol="2-softsync",
+      lr_policy="divide_by_n", steps=30)
+  report = result["report"]
+  assert report["timestamp"] == 15 and report["pending"] == 0
+  assert result["kernel"] == pytest.approx(-0.75, rel=1e-6)
+  assert result["bias"] == pytest.approx(-0.75, rel=1e-6)
+
+
+def test_divide_by_staleness_update_matches_hand_computation():
+  # async (c = 1), α0 = 0.1: each gradient of staleness σ moves w by
+  # -0.1 / max(σ, 1); the recorded histogram says how many had each σ.
+  result = run_in_fresh_process(
+      scenarios.linear_updates, num_learners=3, protocol="async",
+      lr_policy="divide_by_staleness", steps=36)
+  histogram = result["report"]["histogram"]
+  assert histogram.sum() == 36
+  expected = -0.1 * sum(count / max(sigma, 1)
+                        for sigma, count in enumerate(histogram))
+  print("histogram", histogram[:6].tolist(), "expected w", expected)
+  assert result["kernel"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_schedule_is_multiplied_by_the_policy():
+  # async with λ = 2, divide_by_n: α(t) = schedule(t) / 2 with schedule
+  # 0.1 for t <= 4, 0.05 for 4 < t <= 8, 0.02 after; 16 updates:
+  # w = -(5 * 0.1 + 4 * 0.05 + 7 * 0.02) / 2 = -0.42.
+  result = run_in_fresh_process(
+      scenarios.linear_updates, num_learners=2, protocol="async",
+      lr_policy="divide_by_n", steps=16,
+      schedule=([4, 8], [0.1, 0.05, 0.02]))
+  assert result["report"]["timestamp"] == 16
+  assert result["kernel"] == pytest.approx(-0.42, rel=1e-6)
+
+
+def test_max_staleness_drops_and_counts_stale_gradients():
+  # async, λ = 4, max_staleness = 1: gradients with σ >= 2 are dropped and
+  # counted; each accepted one moves w by -0.1.
+  result = run_in_fresh_process(
+      scenarios.linear_updates, num_learners=4, protocol="async",
+      lr_policy="none", steps=48, max_staleness=1)
+  report = result["report"]
+  assert report["dropped"] == report["histogram"][2:].sum()
+  assert report["timestamp"] == 48 - report["dropped"]
+  assert result["kernel"] == pytest.approx(-0.1 * report["timestamp"],
+                                           rel=1e-5)
+  assert_invariants(report)
+
+
+# --------------------------------------------------------------- placement
+def test_two_ps_tasks_spread_and_partitioned_variables_match():
+  plain = run_in_fresh_process(scenarios.two_ps_training, partitioned=False)
+  sharded = run_in_fresh_process(scenarios.two_ps_training, partitioned=True)
+  plain_tasks = {d.split("/task:")[1][0] for ds in plain["placement"]
+                 for d in ds}
+  assert plain_tasks == {"0", "1"}, plain["placement"]
+  # Slots sit next to their variables.
+  assert sorted(plain["slot_devices"]) == sorted(
+      d for ds in plain["placement"] for d in ds)
+  # With the partitioner the first kernel has two parts on different tasks.
+  first_kernel = sharded["placement"][0]
+  assert len(first_kernel) == 2 and len(set(first_kernel)) == 2
+  for a, b in zip(plain["weights"], sharded["weights"]):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  assert len(sharded["report"]["shards"]) == 2
+  for shard in sharded["report"]["shards"]:
+    assert shard["gradients"] == 20 and shard["timestamp"] == 20
+
+
+# ------------------------------------------------------------------ stress
+def test_concurrent_pushes_keep_exact_invariants():
+  # λ = 4 learners push 400 gradients to two shards (kernel on ps:0, bias on
+  # ps:1) with 2-softsync. Every update moves each weight by exactly
+  # -0.001 * (1/2) * (1 + 1), so the weights count the applied updates: a
+  # lost or doubled update would show in them.
+  result = run_in_fresh_process(
+      scenarios.linear_updates, num_learners=4, protocol="2-softsync",
+      lr_policy="none", steps=400, learning_rate=0.001, num_ps=2)
+  report = result["report"]
+  assert len({d for d in result["devices"]}) == 2
+  for shard in report["shards"]:
+    assert shard["gradients"] == 400
+  assert_invariants(report)
+  kernel_shard, bias_shard = report["shards"]
+  assert result["kernel"] == pytest.approx(
+      -0.001 * kernel_shard["timestamp"], rel=1e-4)
+  assert result["bias"] == pytest.approx(
+      -0.001 * bias_shard["timestamp"], rel=1e-4)
+
+
+# -------------------------------------------------------------- checkpoint
+def test_checkpoint_restores_weights_slots_timestamp_and_histogram(tmp_path):
+  path = str(tmp_path / "ckpt")
+  saved = run_in_fresh_process(scenarios.checkpoint_round, path=path,
+                               restore=False)
+  restored = run_in_fresh_process(scenarios.checkpoint_round, path=path,
+                                  restore=True)
+  assert saved["report"]["pending"] == 1  # 7 gradients, c = 2
+  for key in ("weights", "slots", "accumulators"):
+    assert len(saved[key]) == len(restored[key]) > 0
+    for a, b in zip(saved[key], restored[key]):
+      np.testing.assert_array_equal(a, b)
+  assert np.abs(saved["accumulators"][0]).sum() > 0  # a pending gradient
+  for field in ("timestamp", "gradients", "pending", "max", "mean"):
+    assert saved["report"][field] == restored["report"][field]
+  np.testing.assert_array_equal(saved["report"]["histogram"],
+                                restored["report"]["histogram"])
+  after = restored["after_more_training"]
+  assert after["gradients"] == 14 and after["timestamp"] == 7
+  assert_invariants(after)
+
+
+# ------------------------------------------------------------------ inputs
+def test_fit_evaluate_predict_with_every_input_kind():
+  result = run_in_fresh_process(scenarios.input_kinds)
+  original, clone = result["round_trip"]
+  assert original == clone and original[0] == "Adam"
+  assert result["config"]["lr_policy"] == "divide_by_n"
+  assert all(np.isfinite(loss) for losses in result["losses"]
+             for loss in losses)
+  assert result["report"]["gradients"] == 6 + 2 * 5 + 7
+  assert_invariants(result["report"])
+  for loss, accuracy in result["evaluate"]:
+    assert np.isfinite(loss) and 0.0 <= accuracy <= 1.0
+  assert result["predict_shapes"] == [(40, 3), (40, 3)]
+  assert result["predict_matches_weights"]
+
+
+def test_misuse_inside_a_live_strategy_gets_clear_errors():
+  messages = run_in_fresh_process(scenarios.errors_with_cluster)
+  expected = {
+      "inner_created_outside_scope": "inside `with strategy.scope():`",
+      "wraps_itself": "cannot wrap another",
+      "legacy_optimizer": "wraps a tf_keras optimizer",
+      "bad_lr_policy": "'divide_by_two'",
+      "plain_optimizer_fit": "StalenessAwareOptimizer(your_optimizer)",
+      "fit_without_steps": "specify the number of steps",
+      "evaluate_without_steps": "specify the number of steps",
+      "apply_outside_step": "must run inside a RudraStrategy training step",
+  }
+  for name, fragment in expected.items():
+    assert messages[name] is not None, f"{name}: no error raised"
+    assert fragment in messages[name], f"{name}: {messages[name]}"
