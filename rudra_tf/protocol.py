@@ -63,7 +63,8 @@ def parse_protocol(protocol, num_learners):
   Raises:
     ValueError: naming the bad value and the valid ones.
   """
-  if not isinstance(num_learners, int) or num_learners < 1:
+  if isinstance(num_learners, bool) or not isinstance(num_learners, int) \
+      or num_learners < 1:
     raise ValueError(
         f"num_learners must be a positive integer, got {num_learners!r}.")
   text = protocol.strip().lower() if isinstance(protocol, str) else protocol

@@ -173,7 +173,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       if max_staleness is None:
         _after_all_ops(accumulate)
       else:
-        tf.cond(staleness <= max_staleness,
+        tf.cond(protocol_lib.accepts_gradient(staleness, max_staleness),
                 lambda: _after_all_ops(accumulate),
                 lambda: _after_all_ops(
                     lambda: self.dropped.assign_add(1) > 0))

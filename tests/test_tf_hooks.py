@@ -1,0 +1,75 @@
+"""The private TensorFlow / tf_keras hooks rudra_tf relies on.
+
+tensorflow and tf-keras are pinned to 2.21.*; if an upgrade moves one of
+these, this file fails first and names which.
+"""
+
+import inspect
+
+import tensorflow as tf
+import tf_keras
+from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
+from tensorflow.python.distribute import ps_values
+from tensorflow.python.ops import critical_section_ops
+
+from rudra_tf import strategy as strategy_lib
+
+
+def test_versions_are_the_pinned_ones():
+  assert tf.__version__.startswith("2.21."), tf.__version__
+  assert tf_keras.__version__.startswith("2.21."), tf_keras.__version__
+
+
+def test_parameter_server_strategy_hooks():
+  extended = pss.ParameterServerStrategyV2Extended
+  # Every ps variable goes through _create_var_creator and is wrapped in a
+  # CachingVariable, which RudraVariable subclasses.
+  assert "CachingVariable" in inspect.getsource(extended._create_var_creator)
+  assert "_create_var_creator" in inspect.getsource(extended._create_variable)
+  for name in ("value", "read_value", "_dense_var_to_tensor", "get"):
+    assert hasattr(ps_values.CachingVariable, name), name
+  assert hasattr(extended, "_update")
+  # RudraStrategy swaps in RudraExtended after PSS's constructor ran.
+  assert issubclass(strategy_lib.RudraExtended, extended)
+  assert "ParameterServerStrategyV2Extended(" in inspect.getsource(
+      pss.ParameterServerStrategyV2.__init__)
+
+
+def test_critical_section_releases_after_returned_values_only():
+  # The reason for shard_state._after_all_ops: the lock's release waits for
+  # the returned tensors, not for every op the function created.
+  source = inspect.getsource(critical_section_ops.CriticalSection.execute)
+  assert "control_dependencies(r_flat)" in source
+
+
+def test_tf_keras_optimizer_hooks():
+  sgd = tf_keras.optimizers.SGD(0.1)
+  for name in ("_learning_rate", "_iterations"):
+    assert name in sgd.__dict__, name
+  for name in ("_update_step", "_clip_gradients", "_use_weight_decay",
+               "_var_key"):
+    assert callable(getattr(sgd, name)), name
+  learning_rate_source = inspect.getsource(
+      tf_keras.optimizers.Optimizer.learning_rate.fget)
+  assert "self._learning_rate" in learning_rate_source
+  assert "self.iterations" in inspect.getsource(tf_keras.optimizers.Adam
+                                                .update_step)
+
+
+def test_tf_keras_step_builders_are_recognized():
+  model_class = tf_keras.Model
+  for builder in ("make_test_function", "_make_test_function_exact",
+                  "make_predict_function"):
+    source = inspect.getsource(getattr(model_class, builder))
+    assert "def run_step" in source and "strategy.run(run_step" in source, (
+        builder)
+
+  class FakeQualname:
+    __qualname__ = "Model.make_test_function.<locals>.step_function.<locals>.run_step"
+
+  assert strategy_lib._is_inference_step(FakeQualname)
+  FakeQualname.__qualname__ = ("Model.make_train_function.<locals>."
+                               "step_function.<locals>.run_step")
+  assert not strategy_lib._is_inference_step(FakeQualname)
+  assert "self.distribute_strategy._should_use_with_coordinator" in (
+      inspect.getsource(model_class.fit))
