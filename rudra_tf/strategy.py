@@ -5,8 +5,12 @@ import contextlib
 import tensorflow as tf
 from tensorflow.python.autograph.core import ag_ctx
 from tensorflow.python.autograph.impl import api as autograph
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import input_util
 from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
+from tensorflow.python.framework import ops
 
+from rudra_tf import coordinator as coordinator_lib
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import report as report_lib
 from rudra_tf import variables as variables_lib
@@ -50,6 +54,21 @@ class RudraExtended(pss.ParameterServerStrategyV2Extended):
           f"has {self._num_replicas_in_sync} GPUs: give each learner task one "
           "GPU (CUDA_VISIBLE_DEVICES), as launch/train.py --gpus does.")
     return rudra_variable_creator
+
+  def _distribute_datasets_from_function(self, dataset_fn, options):
+    learner = coordinator_lib.current_learner()
+    if learner is None:
+      return super()._distribute_datasets_from_function(dataset_fn, options)
+    # Traced for one learner by RudraCoordinator: tell the dataset function
+    # which of the λ input pipelines it is, so that it can read its shard.
+    input_context = distribute_lib.InputContext(
+        num_input_pipelines=self._container_strategy().num_learners,
+        input_pipeline_id=learner,
+        num_replicas_in_sync=self._num_replicas_in_sync)
+    return input_util.get_distributed_datasets_from_function(
+        dataset_fn, self._input_workers_with_options(options),
+        [input_context], self._container_strategy(), options=options,
+        build=ops.inside_function())
 
   def _update(self, var, fn, args, kwargs, group):
     # Keyed on the variable, not on the pull: tf_keras optimizers reach here
@@ -115,6 +134,13 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   to the same version. `consistent_pulls=False` reads without the lock:
   faster, but the weights may mix two versions (and then σ is approximate).
 
+  Input: a dataset function (`tf_keras.utils.experimental.DatasetCreator`, or
+  `distribute_datasets_from_function`) receives
+  `InputContext(num_input_pipelines=λ, input_pipeline_id=learner index)`, so
+  `dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)` gives each
+  learner its own disjoint shard. A plain tf.data dataset or numpy input is
+  read whole by every learner.
+
   Limitations:
     * Shards are not synchronized with each other (as in Rudra): each shard
       has its own timestamp and histogram; `staleness_report()` gives each.
@@ -124,6 +150,8 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     * A hardsync learner that dies between its pull and its push leaves its
       round one gradient short (fault tolerance is not handled here).
     * Trainable variables must exist before the first training step.
+    * One RudraStrategy (and one cluster) per process: TensorFlow connects a
+      process to one cluster, and a second strategy was seen to hang.
   """
 
   def __init__(self, cluster_resolver, protocol="async", *,
@@ -148,6 +176,8 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     self._optimizer = None
     super().__init__(cluster_resolver, variable_partitioner)
     self._extended.__class__ = RudraExtended
+    # ClusterCoordinator is one per strategy: tf_keras's fit then finds this.
+    coordinator_lib.RudraCoordinator(self)
 
   # ------------------------------------------------------------- properties
   @property
