@@ -59,13 +59,13 @@ class CaffeLRN(tf_keras.layers.Layer):
       return tf.nn.local_response_normalization(
           inputs, depth_radius=self.local_size // 2, bias=1.0,
           alpha=self.alpha / self.local_size, beta=self.beta)
-    mean_square = tf.nn.avg_pool2d(tf.square(inputs), self.local_size, 1,
-                                   "SAME")
-    # avg_pool's SAME padding averages over valid pixels only; Caffe divides
-    # by n² including the zero padding, so rescale the border counts.
-    counts = tf.nn.avg_pool2d(tf.ones_like(inputs[..., :1]),
-                              self.local_size, 1, "SAME")
-    window_sum = mean_square * counts * self.local_size ** 2
+    # Zero-pad, then average over the full n×n window: Caffe divides by n²
+    # whether or not the window hangs over the border.
+    half = self.local_size // 2
+    padded = tf.pad(tf.square(inputs), [[0, 0], [half, half], [half, half],
+                                        [0, 0]])
+    window_sum = tf.nn.avg_pool2d(padded, self.local_size, 1, "VALID") * (
+        self.local_size ** 2)
     scale = 1.0 + self.alpha / self.local_size ** 2 * window_sum
     return inputs * tf.pow(scale, -self.beta)
 

@@ -1,0 +1,194 @@
+"""The launch flags: one `define_flags()`, validated before any server starts."""
+
+import dataclasses
+import json
+import os
+
+from absl import flags
+
+from rudra_tf import protocol as protocol_lib
+
+DEFAULT_MINIBATCH = 32
+TASK_TYPES = ("chief", "worker", "ps")
+
+
+def define_flags():
+  """Defines the flags of launch/train.py (and of each task it starts)."""
+  flags.DEFINE_string("model", "small_cnn", "Model name (models.MODEL_NAMES).")
+  flags.DEFINE_string("dataset", "fashion_mnist",
+                      "fashion_mnist | cifar10 | imagenet2012 | synthetic.")
+  flags.DEFINE_string("data_dir", None, "Data folder (Fashion-MNIST IDX files "
+                      "or the tensorflow-datasets data_dir).")
+  flags.DEFINE_string("manual_dir", None, "ImageNet archives (tfds manual_dir).")
+  flags.DEFINE_string("protocol", "2-softsync",
+                      'hardsync | async | "<n>-softsync" with 1 <= n <= λ.')
+  flags.DEFINE_float("lr", 0.1, "Base learning rate α0 (SGD with momentum).")
+  flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
+  flags.DEFINE_string("lr_policy", "divide_by_n",
+                      "none | divide_by_n | divide_by_staleness.")
+  flags.DEFINE_integer("learners", 4, "λ, the learners of a local cluster "
+                       "(a TF_CONFIG cluster has its own worker count).")
+  flags.DEFINE_integer("ps_tasks", 1, "Parameter-server tasks (local runs).")
+  flags.DEFINE_integer("minibatch", None, "μ, examples per learner per step "
+                       f"(default {DEFAULT_MINIBATCH}).")
+  flags.DEFINE_integer("global_batch", None, "μλ: sets μ = global_batch / λ "
+                       "(the paper's keep-μλ-constant rule).")
+  flags.DEFINE_integer("epochs", 3, "Epochs.")
+  flags.DEFINE_integer("steps_per_epoch", None, "Gradients per epoch (default: "
+                       "one pass over the training split, train size / μ).")
+  flags.DEFINE_integer("max_staleness", None, "Drop gradients staler than "
+                       "this (default: keep all).")
+  flags.DEFINE_string("checkpoint_dir", None, "Save each epoch; resume from "
+                      "the latest checkpoint found here.")
+  # absl.logging already defines --log_dir (for log files it writes only on
+  # request); the same flag names where TensorBoard logs and the PNG go.
+  if "log_dir" not in flags.FLAGS:
+    flags.DEFINE_string("log_dir", None, "TensorBoard logs and the PNG plot.")
+  flags.DEFINE_string("results", None, "Write the results JSON here.")
+  flags.DEFINE_integer("seed", 0, "Seed of the initial weights and shuffles.")
+  flags.DEFINE_integer("gpus", 0, "GPUs on this machine: each learner gets "
+                       "one, round-robin (0: leave devices as they are).")
+  flags.DEFINE_integer("steps_per_execution", 1, "Gradients per scheduled "
+                       "closure on a learner (amortizes scheduling).")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Validated settings of one training run."""
+  model: str
+  dataset: str
+  data_dir: str
+  manual_dir: str
+  protocol: str
+  lr: float
+  momentum: float
+  lr_policy: str
+  num_learners: int
+  num_ps: int
+  minibatch: int
+  epochs: int
+  steps_per_epoch: int  # None: derived from the training split size
+  max_staleness: int
+  checkpoint_dir: str
+  log_dir: str
+  results: str
+  seed: int
+  gpus: int
+  steps_per_execution: int
+
+  def as_dict(self):
+    return dataclasses.asdict(self)
+
+
+def _require(condition, message):
+  if not condition:
+    raise ValueError(message)
+
+
+def resolve_minibatch(minibatch, global_batch, num_learners):
+  """μ from --minibatch and --global_batch (which must agree)."""
+  if global_batch is None:
+    minibatch = DEFAULT_MINIBATCH if minibatch is None else minibatch
+    _require(minibatch >= 1, f"--minibatch must be >= 1, got {minibatch}.")
+    return minibatch
+  _require(global_batch >= num_learners and global_batch % num_learners == 0,
+           f"--global_batch={global_batch} must be a positive multiple of "
+           f"λ={num_learners} (it sets μ = global_batch / λ).")
+  derived = global_batch // num_learners
+  _require(minibatch is None or minibatch == derived,
+           f"--minibatch={minibatch} contradicts --global_batch="
+           f"{global_batch} with λ={num_learners} (μ would be {derived}); "
+           "give only one of them.")
+  return derived
+
+
+def resolve_config(values, num_learners, num_ps):
+  """Checks every flag; raises ValueError naming the bad value and the fix."""
+  from models import MODEL_NAMES  # pylint: disable=g-import-not-at-top
+  from rudra_tf.datasets import DATASET_NAMES  # pylint: disable=g-import-not-at-top
+  _require(values.model in MODEL_NAMES, f"--model={values.model!r} is "
+           f"unknown; valid models are {', '.join(MODEL_NAMES)}.")
+  _require(values.dataset in DATASET_NAMES, f"--dataset={values.dataset!r} "
+           f"is unknown; valid datasets are {', '.join(DATASET_NAMES)}.")
+  _require(num_learners >= 1, f"--learners must be >= 1, got {num_learners}.")
+  _require(num_ps >= 1, f"--ps_tasks must be >= 1, got {num_ps}.")
+  protocol_lib.parse_protocol(values.protocol, num_learners)
+  protocol_lib.validate_lr_policy(values.lr_policy)
+  _require(values.lr > 0, f"--lr must be > 0, got {values.lr}.")
+  _require(0 <= values.momentum < 1,
+           f"--momentum must be in [0, 1), got {values.momentum}.")
+  _require(values.epochs >= 1, f"--epochs must be >= 1, got {values.epochs}.")
+  _require(values.steps_per_epoch is None or values.steps_per_epoch >= 1,
+           f"--steps_per_epoch must be >= 1, got {values.steps_per_epoch}.")
+  _require(values.steps_per_execution >= 1, "--steps_per_execution must be "
+           f">= 1, got {values.steps_per_execution}.")
+  _require(values.gpus >= 0, f"--gpus must be >= 0, got {values.gpus}.")
+  protocol_lib.validate_max_staleness(values.max_staleness)
+  minibatch = resolve_minibatch(values.minibatch, values.global_batch,
+                                num_learners)
+  if values.dataset == "fashion_mnist":
+    from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+    directory = datasets.fashion_mnist_dir(values.data_dir)
+    missing = [f for f in datasets.FASHION_MNIST_FILES.values()
+               if not os.path.exists(os.path.join(directory, f))]
+    _require(not missing, f"Fashion-MNIST files missing in {directory}: "
+             f"{', '.join(missing)}; install them with `apt-get install "
+             "dataset-fashion-mnist` or pass --data_dir.")
+  return TrainConfig(
+      model=values.model, dataset=values.dataset, data_dir=values.data_dir,
+      manual_dir=values.manual_dir, protocol=values.protocol, lr=values.lr,
+      momentum=values.momentum, lr_policy=values.lr_policy,
+      num_learners=num_learners, num_ps=num_ps, minibatch=minibatch,
+      epochs=values.epochs, steps_per_epoch=values.steps_per_epoch,
+      max_staleness=values.max_staleness,
+      checkpoint_dir=values.checkpoint_dir, log_dir=values.log_dir or None,
+      results=values.results, seed=values.seed, gpus=values.gpus,
+      steps_per_execution=values.steps_per_execution)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  cluster: dict
+  task_type: str
+  task_index: int
+
+  @property
+  def address(self):
+    return self.cluster[self.task_type][self.task_index]
+
+
+def parse_tf_config(text):
+  """Parses TF_CONFIG; raises ValueError with a one-line reason."""
+  try:
+    config = json.loads(text)
+  except json.JSONDecodeError as error:
+    raise ValueError(f"TF_CONFIG is not valid JSON ({error}); expected "
+                     '{"cluster": {...}, "task": {"type": ..., "index": ...}}.'
+                     ) from None
+  _require(isinstance(config, dict) and isinstance(config.get("cluster"), dict),
+           'TF_CONFIG needs a "cluster" object mapping job names to address '
+           "lists.")
+  cluster = config["cluster"]
+  for job, addresses in cluster.items():
+    _require(job in TASK_TYPES, f"TF_CONFIG cluster has unknown job {job!r}; "
+             f"valid jobs are {', '.join(TASK_TYPES)}.")
+    _require(isinstance(addresses, list) and addresses and all(
+        isinstance(a, str) and a.rpartition(":")[2].isdigit()
+        for a in addresses), f"TF_CONFIG job {job!r} needs a non-empty list "
+             f'of "host:port" strings, got {addresses!r}.')
+  for job in TASK_TYPES:
+    _require(job in cluster, f"TF_CONFIG cluster has no {job!r} job; a "
+             "RudraStrategy cluster needs a chief, workers and ps tasks.")
+  _require(len(cluster["chief"]) == 1, "TF_CONFIG needs exactly one chief, "
+           f"got {len(cluster['chief'])}.")
+  task = config.get("task")
+  _require(isinstance(task, dict) and "type" in task,
+           'TF_CONFIG needs a "task": {"type": ..., "index": ...} entry.')
+  _require(task["type"] in TASK_TYPES, f"TF_CONFIG task type "
+           f"{task['type']!r} is unknown; valid types are "
+           f"{', '.join(TASK_TYPES)}.")
+  index = task.get("index", 0)
+  _require(isinstance(index, int) and 0 <= index < len(cluster[task["type"]]),
+           f"TF_CONFIG task index {index!r} is out of range for job "
+           f"{task['type']!r} with {len(cluster[task['type']])} tasks.")
+  return TaskSpec(cluster, task["type"], index)

@@ -1,0 +1,189 @@
+"""Runs every task of a cluster as a separate OS process on 127.0.0.1.
+
+Pure Python (no TensorFlow import): the supervisor stays light and cannot be
+wedged by a TensorFlow runtime. Guarantees no orphan process:
+
+* each child asks Linux to SIGKILL it when the supervisor dies
+  (PR_SET_PDEATHSIG), so even `kill -9` of the supervisor leaves none;
+* the supervisor stops every task when the chief finishes, when any task
+  dies, and on SIGINT / SIGTERM.
+
+Task lifecycle (a small state machine, per task):
+
+    STARTING --port accepts--> SERVING --exit--> EXITED
+       \\__________________exit before serving____/
+"""
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import portpicker
+
+_PR_SET_PDEATHSIG = 1
+# How long a task may take to open its port (TensorFlow import + server).
+STARTUP_TIMEOUT_S = 120
+# Grace period between SIGTERM and SIGKILL when stopping tasks.
+STOP_GRACE_S = 5
+
+
+class TaskFailedError(RuntimeError):
+  """A task exited with an error, or never started serving."""
+
+
+def make_cluster_spec(num_learners, num_ps, host="127.0.0.1"):
+  """A cluster spec with a chief, λ workers and the ps tasks on free ports."""
+  def addresses(count):
+    return [f"{host}:{portpicker.pick_unused_port()}" for _ in range(count)]
+  return {"chief": addresses(1), "worker": addresses(num_learners),
+          "ps": addresses(num_ps)}
+
+
+def tf_config_for(cluster, task_type, task_index):
+  return json.dumps({"cluster": cluster,
+                     "task": {"type": task_type, "index": task_index}})
+
+
+def port_open(address, timeout=0.5):
+  host, port = address.rsplit(":", 1)
+  try:
+    with socket.create_connection((host, int(port)), timeout=timeout):
+      return True
+  except OSError:
+    return False
+
+
+def _die_with_parent():
+  libc = ctypes.CDLL("libc.so.6", use_errno=True)
+  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Task:
+  """One child process, its log streamed with a `[type:index]` prefix."""
+
+  def __init__(self, task_type, index, address, command, environment, out):
+    self.name = f"{task_type}:{index}"
+    self.address = address
+    self.process = subprocess.Popen(
+        command, env=environment, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent, text=True, bufsize=1)
+    self._out = out
+    self._reader = threading.Thread(target=self._stream, daemon=True)
+    self._reader.start()
+
+  def _stream(self):
+    for line in self.process.stdout:
+      self._out.write(f"[{self.name}] {line}")
+      self._out.flush()
+
+  def poll(self):
+    return self.process.poll()
+
+  def stop(self):
+    if self.process.poll() is None:
+      self.process.terminate()
+
+  def kill(self):
+    if self.process.poll() is None:
+      self.process.kill()
+
+  def wait_output(self):
+    self._reader.join(timeout=5)
+
+
+class LocalProcessCluster:
+  """Starts ps and worker tasks, then the chief; supervises all of them.
+
+  Args:
+    command: argv of the training script; each task runs it with its own
+      TF_CONFIG in the environment.
+    num_learners, num_ps: cluster size.
+    gpus: GPUs to hand out round-robin, one per learner, through
+      CUDA_VISIBLE_DEVICES; 0 leaves the environment as it is. The chief and
+      ps tasks never see a GPU when gpus > 0.
+  """
+
+  def __init__(self, command, num_learners, num_ps, gpus=0, out=sys.stdout,
+               environment=None):
+    self.cluster = make_cluster_spec(num_learners, num_ps)
+    self._command = list(command)
+    self._gpus = gpus
+    self._out = out
+    self._environment = dict(environment or os.environ)
+    self.tasks = []
+
+  def _environment_for(self, task_type, index):
+    environment = dict(self._environment)
+    environment["TF_CONFIG"] = tf_config_for(self.cluster, task_type, index)
+    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    environment.setdefault("PYTHONUNBUFFERED", "1")
+    if self._gpus > 0:
+      environment["CUDA_VISIBLE_DEVICES"] = (
+          str(index % self._gpus) if task_type == "worker" else "")
+    return environment
+
+  def _start(self, task_type, index):
+    task = Task(task_type, index, self.cluster[task_type][index],
+                self._command, self._environment_for(task_type, index),
+                self._out)
+    self.tasks.append(task)
+    return task
+
+  def _check_alive(self):
+    for task in self.tasks:
+      code = task.poll()
+      if code is not None and not task.name.startswith("chief"):
+        raise TaskFailedError(f"task {task.name} exited with code {code} "
+                              "before the chief finished")
+
+  def run(self):
+    """Runs the job; returns the chief's exit code. Always stops every task."""
+    previous = {sig: signal.signal(sig, self._on_signal)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+      servers = [self._start(job, i) for job in ("ps", "worker")
+                 for i in range(len(self.cluster[job]))]
+      deadline = time.monotonic() + STARTUP_TIMEOUT_S
+      for task in servers:
+        while not port_open(task.address):
+          self._check_alive()
+          if time.monotonic() > deadline:
+            raise TaskFailedError(
+                f"task {task.name} did not open {task.address} within "
+                f"{STARTUP_TIMEOUT_S} s")
+          time.sleep(0.2)
+      chief = self._start("chief", 0)
+      while chief.poll() is None:
+        self._check_alive()
+        time.sleep(0.2)
+      chief.wait_output()
+      return chief.poll()
+    finally:
+      self.shutdown()
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+  def _on_signal(self, signum, frame):
+    del frame
+    raise KeyboardInterrupt(f"signal {signum}")
+
+  def shutdown(self):
+    for task in self.tasks:
+      task.stop()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for task in self.tasks:
+      try:
+        task.process.wait(max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        task.kill()
+        task.process.wait()
+
+  def pids(self):
+    return [task.process.pid for task in self.tasks]

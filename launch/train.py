@@ -1,0 +1,250 @@
+r"""Trains a model with RudraStrategy: one command, local or on a real cluster.
+
+With no TF_CONFIG in the environment it starts a local cluster of separate
+OS processes on 127.0.0.1 (ps tasks, λ learners, a chief), streams every
+task's log with a `[type:index]` prefix and stops them all at the end:
+
+  python -m launch.train --model=small_cnn --dataset=fashion_mnist \
+      --learners=4 --ps_tasks=1 --protocol=2-softsync --lr_policy=divide_by_n
+
+With TF_CONFIG set (a real deployment, see docs/deploy.md) the same command
+runs one task: "ps" and "worker" tasks serve until the chief is done, then
+exit 0; the "chief" trains, evaluates on the test split and writes results.
+"""
+
+import math
+import os
+import socket
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from launch import flags as launch_flags
+from launch import local_cluster
+
+launch_flags.define_flags()
+FLAGS = flags.FLAGS
+
+# A ps or worker task waits this long for the chief to appear, and exits
+# once the chief's port stayed closed for CHIEF_GONE_CHECKS checks.
+CHIEF_WAIT_TIMEOUT_S = 900
+CHIEF_GONE_CHECKS = 3
+# The chief waits this long for every ps and worker port to open.
+CLUSTER_WAIT_TIMEOUT_S = 300
+
+
+def _fail(message):
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  return 2
+
+
+def _port_in_use(address):
+  host, port = address.rsplit(":", 1)
+  bind_host = "" if host not in ("127.0.0.1", "localhost") else host
+  with socket.socket() as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      probe.bind((bind_host, int(port)))
+    except OSError:
+      return True
+  return False
+
+
+def serve(spec):
+  """Runs a ps or worker server until the chief has come and gone."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.distribute.Server(tf.train.ClusterSpec(spec.cluster),
+                       job_name=spec.task_type, task_index=spec.task_index,
+                       protocol="grpc", start=True)
+  print(f"{spec.task_type}:{spec.task_index} serving on {spec.address}",
+        flush=True)
+  chief = spec.cluster["chief"][0]
+  seen, misses, started = False, 0, time.monotonic()
+  while True:
+    if local_cluster.port_open(chief):
+      seen, misses = True, 0
+    elif seen:
+      misses += 1
+      if misses >= CHIEF_GONE_CHECKS:
+        print("chief finished; exiting", flush=True)
+        return 0
+    elif time.monotonic() - started > CHIEF_WAIT_TIMEOUT_S:
+      print(f"error: chief {chief} never appeared", flush=True)
+      return 1
+    time.sleep(1)
+
+
+def _wait_for_cluster(cluster):
+  deadline = time.monotonic() + CLUSTER_WAIT_TIMEOUT_S
+  for job in ("ps", "worker"):
+    for index, address in enumerate(cluster[job]):
+      while not local_cluster.port_open(address):
+        if time.monotonic() > deadline:
+          raise RuntimeError(f"{job}:{index} at {address} is not reachable "
+                             f"after {CLUSTER_WAIT_TIMEOUT_S} s")
+        time.sleep(0.5)
+
+
+def run_chief(config, spec):
+  """Trains, evaluates on the test split, writes results; returns them."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import models  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  from launch import telemetry  # pylint: disable=g-import-not-at-top
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+
+  tf_keras.utils.set_random_seed(config.seed)
+  data = datasets.load_dataset(config.dataset, config.data_dir,
+                               config.manual_dir)
+  steps_per_epoch = config.steps_per_epoch or math.ceil(
+      data.train_size / config.minibatch)
+  print(f"{config.dataset}: {data.train_size} training / {data.test_size} "
+        f"test examples; λ={config.num_learners} learners, μ="
+        f"{config.minibatch}, {config.protocol}, lr_policy={config.lr_policy},"
+        f" {steps_per_epoch} gradients per epoch", flush=True)
+  _wait_for_cluster(spec.cluster)
+  strategy = rudra_tf.RudraStrategy(
+      tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+      protocol=config.protocol, max_staleness=config.max_staleness)
+  with strategy.scope():
+    model = models.build_model(config.model, data.input_shape,
+                               data.num_classes)
+    optimizer = rudra_tf.StalenessAwareOptimizer(
+        tf_keras.optimizers.SGD(config.lr, momentum=config.momentum),
+        lr_policy=config.lr_policy)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"],
+                  steps_per_execution=config.steps_per_execution)
+    epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
+  callbacks = []
+  initial_epoch = 0
+  if config.checkpoint_dir:
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                     epochs_done=epochs_done)
+    manager = tf.train.CheckpointManager(checkpoint, config.checkpoint_dir,
+                                         max_to_keep=3)
+    if manager.latest_checkpoint:
+      checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+      optimizer.build(model.trainable_variables)
+      initial_epoch = int(epochs_done.numpy())
+      print(f"resumed from {manager.latest_checkpoint} after epoch "
+            f"{initial_epoch}", flush=True)
+
+    class SaveEachEpoch(tf_keras.callbacks.Callback):
+
+      def on_epoch_end(self, epoch, logs=None):
+        epochs_done.assign(epoch + 1)
+        print(f"saved {manager.save()}", flush=True)
+
+    callbacks.append(SaveEachEpoch())
+  progress = telemetry.ProgressCallback(
+      strategy, config.minibatch, config.epochs, log_dir=config.log_dir,
+      out=lambda line: print(line, flush=True))
+  creator = tf_keras.utils.experimental.DatasetCreator(
+      lambda context: data.learner_dataset(context, config.minibatch,
+                                           seed=config.seed))
+  start = time.monotonic()
+  model.fit(creator, epochs=config.epochs, initial_epoch=initial_epoch,
+            steps_per_epoch=steps_per_epoch, verbose=0,
+            callbacks=[progress] + callbacks)
+  wall_time_s = time.monotonic() - start
+
+  # Exact test accuracy on the whole test split, on the chief.
+  local_model = models.build_model(config.model, data.input_shape,
+                                   data.num_classes)
+  local_model.set_weights(model.get_weights())
+  local_model.compile(loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+  test_loss, test_accuracy = local_model.evaluate(data.test_dataset(1000),
+                                                  verbose=0)
+  report = strategy.staleness_report()
+  last = int(np.max(np.nonzero(report.histogram)[0], initial=0))
+  results = {
+      "config": config.as_dict(), "steps_per_epoch": steps_per_epoch,
+      "epochs": progress.rows, "test_accuracy": float(test_accuracy),
+      "test_loss": float(test_loss), "wall_time_s": wall_time_s,
+      "updates": report.timestamp, "gradients": report.gradients,
+      "dropped": report.dropped, "pending": report.pending,
+      "staleness_mean": report.mean, "staleness_max": report.max,
+      "staleness_histogram": report.histogram[:last + 1].tolist(),
+  }
+  print(f"test accuracy {test_accuracy:.4f} (loss {test_loss:.4f}) | "
+        f"wall time {wall_time_s:.1f} s", flush=True)
+  print(f"updates {report.timestamp} | gradients {report.gradients} "
+        f"received, {report.dropped} dropped, {report.pending} pending",
+        flush=True)
+  print(f"staleness mean {report.mean:.3f} max {report.max} histogram "
+        f"{results['staleness_histogram']}", flush=True)
+  results_path = config.results or (
+      os.path.join(config.log_dir, "results.json") if config.log_dir else None)
+  if results_path:
+    telemetry.write_results(results_path, results)
+    print(f"results: {results_path}", flush=True)
+  if config.log_dir:
+    plot_path = os.path.join(config.log_dir, "run.png")
+    telemetry.plot_run(
+        plot_path, progress.rows, test_accuracy, wall_time_s,
+        report.histogram,
+        f"{config.model} on {config.dataset}: {config.protocol}, "
+        f"λ={config.num_learners}, μ={config.minibatch}, {config.lr_policy}")
+    print(f"plot: {plot_path}", flush=True)
+  return results
+
+
+def main(argv):
+  del argv
+  # TensorFlow's coordinator logs every closure batch at INFO.
+  logging.set_verbosity(logging.WARNING)
+  tf_config = os.environ.get("TF_CONFIG", "").strip()
+  try:
+    if tf_config:
+      spec = launch_flags.parse_tf_config(tf_config)
+      config = launch_flags.resolve_config(
+          FLAGS, len(spec.cluster["worker"]), len(spec.cluster["ps"]))
+    else:
+      config = launch_flags.resolve_config(FLAGS, FLAGS.learners,
+                                           FLAGS.ps_tasks)
+  except ValueError as error:
+    return _fail(str(error))
+
+  if not tf_config:
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (repo_root, environment.get("PYTHONPATH")) if p)
+    cluster = local_cluster.LocalProcessCluster(
+        [sys.executable, "-m", "launch.train"] + sys.argv[1:],
+        num_learners=config.num_learners, num_ps=config.num_ps,
+        gpus=config.gpus, environment=environment)
+    try:
+      return cluster.run()
+    except local_cluster.TaskFailedError as error:
+      return _fail(f"{error}; stopped every task.")
+    except KeyboardInterrupt:
+      print("interrupted; stopped every task.", file=sys.stderr, flush=True)
+      return 130
+
+  if spec.task_type in ("ps", "worker"):
+    if _port_in_use(spec.address):
+      return _fail(f"port of {spec.task_type}:{spec.task_index} "
+                   f"({spec.address}) is already in use; free it or change "
+                   "TF_CONFIG.")
+    return serve(spec)
+  run_chief(config, spec)
+  # The coordinator's threads can keep a finished process alive.
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)  # pylint: disable=protected-access
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

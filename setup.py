@@ -1,0 +1,32 @@
+"""rudra_tf: Rudra's staleness-controlled parameter-server training for TensorFlow."""
+
+import setuptools
+
+setuptools.setup(
+    name="rudra_tf",
+    version="0.1.0",
+    description=("Parameter-server training with controlled staleness "
+                 "(Rudra: hardsync, n-softsync, async) for TensorFlow"),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=["rudra_tf", "models", "launch"],
+    python_requires=">=3.10",
+    # The strategy leans on a few private TensorFlow hooks (tested in
+    # tests/test_tf_hooks.py): keep both pinned to the tested release.
+    install_requires=[
+        "tensorflow==2.21.*",
+        "tf-keras==2.21.*",
+        "tensorboard==2.21.*",
+        "numpy",
+        "absl-py",
+        "portpicker",
+        "matplotlib",
+    ],
+    extras_require={
+        "datasets": ["tensorflow-datasets"],
+        "test": ["pytest", "psutil", "tensorflow-datasets"],
+    },
+    entry_points={
+        "console_scripts": ["rudra-train = launch.train:run"],
+    },
+)

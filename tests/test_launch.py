@@ -1,0 +1,189 @@
+"""launch/train.py: flag validation, TF_CONFIG, and the multi-process cluster."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+
+import psutil
+import pytest
+from absl import flags as absl_flags
+
+from launch import flags as launch_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_JOB = ["--model=mlp", "--dataset=synthetic", "--learners=2",
+             "--ps_tasks=1", "--protocol=async", "--epochs=1",
+             "--steps_per_epoch=12", "--minibatch=8"]
+
+
+def flag_values(**overrides):
+  values = dict(model="small_cnn", dataset="synthetic", data_dir=None,
+                manual_dir=None, protocol="2-softsync", lr=0.1, momentum=0.9,
+                lr_policy="divide_by_n", minibatch=None, global_batch=None,
+                epochs=1, steps_per_epoch=None, max_staleness=None,
+                checkpoint_dir=None, log_dir=None, results=None, seed=0,
+                gpus=0, steps_per_execution=1)
+  values.update(overrides)
+  return types.SimpleNamespace(**values)
+
+
+@pytest.mark.parametrize("overrides,learners,ps,fragment", [
+    (dict(model="vgg"), 4, 1, "--model='vgg' is unknown; valid models"),
+    (dict(dataset="mnist"), 4, 1, "valid datasets are"),
+    ({}, 0, 1, "--learners must be >= 1"),
+    ({}, 4, 0, "--ps_tasks must be >= 1"),
+    (dict(protocol="5-softsync"), 4, 1, "n = 5"),
+    (dict(lr_policy="half"), 4, 1, "Unknown lr_policy 'half'"),
+    (dict(lr=0.0), 4, 1, "--lr must be > 0"),
+    (dict(momentum=1.0), 4, 1, "--momentum must be in [0, 1)"),
+    (dict(epochs=0), 4, 1, "--epochs must be >= 1"),
+    (dict(steps_per_epoch=0), 4, 1, "--steps_per_epoch must be >= 1"),
+    (dict(max_staleness=0), 4, 1, "max_staleness"),
+    (dict(global_batch=30), 4, 1, "multiple of λ=4"),
+    (dict(global_batch=128, minibatch=16), 4, 1, "contradicts"),
+    (dict(minibatch=0), 4, 1, "--minibatch must be >= 1"),
+    (dict(dataset="fashion_mnist", data_dir="/nonexistent"), 4, 1,
+     "apt-get install dataset-fashion-mnist"),
+])
+def test_bad_flags_are_refused(overrides, learners, ps, fragment):
+  with pytest.raises(ValueError) as error:
+    launch_flags.resolve_config(flag_values(**overrides), learners, ps)
+  assert fragment in str(error.value)
+
+
+def test_global_batch_sets_mu_per_learner():
+  config = launch_flags.resolve_config(flag_values(global_batch=128), 4, 1)
+  assert config.minibatch == 32
+  config = launch_flags.resolve_config(flag_values(minibatch=8), 4, 1)
+  assert config.minibatch == 8
+
+
+CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+           "ps": ["127.0.0.1:3"]}
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"task": {"type": "worker"}}), 'needs a "cluster"'),
+    (json.dumps({"cluster": CLUSTER}), 'needs a "task"'),
+    (json.dumps({"cluster": CLUSTER, "task": {"type": "evaluator"}}),
+     "task type 'evaluator' is unknown"),
+    (json.dumps({"cluster": CLUSTER, "task": {"type": "worker", "index": 3}}),
+     "index 3 is out of range"),
+    (json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:2"]},
+                 "task": {"type": "chief"}}), "has no 'ps' job"),
+    (json.dumps({"cluster": {**CLUSTER, "ps": ["nohostport"]},
+                 "task": {"type": "ps"}}), '"host:port"'),
+])
+def test_malformed_tf_config(text, fragment):
+  with pytest.raises(ValueError) as error:
+    launch_flags.parse_tf_config(text)
+  assert fragment in str(error.value)
+  assert "\n" not in str(error.value)
+
+
+def launch(args, env_extra=None, **popen):
+  environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                     PYTHONPATH=REPO, **(env_extra or {}))
+  environment.pop("TF_CONFIG", None)
+  environment.update(env_extra or {})
+  return subprocess.Popen([sys.executable, "-m", "launch.train", *args],
+                          cwd=REPO, env=environment, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def descendants(process):
+  try:
+    return psutil.Process(process.pid).children(recursive=True)
+  except psutil.NoSuchProcess:
+    return []
+
+
+def assert_all_gone(children):
+  gone, alive = psutil.wait_procs(children, timeout=15)
+  assert not alive, f"orphan processes: {alive}"
+  assert len(gone) == len(children)
+
+
+def test_cli_errors_are_one_line_before_any_server(tmp_path):
+  bad = launch(["--learners=0"])
+  out, _ = bad.communicate(timeout=60)
+  assert bad.returncode == 2
+  assert out.strip().splitlines()[-1] == "error: --learners must be >= 1, got 0."
+  bad = launch(SMALL_JOB, env_extra={"TF_CONFIG": "{oops"})
+  out, _ = bad.communicate(timeout=60)
+  assert bad.returncode == 2 and "TF_CONFIG is not valid JSON" in out
+  with socket.socket() as holder:  # a ps task whose port is taken
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+               "ps": [f"127.0.0.1:{port}"]}
+    bad = launch(SMALL_JOB, env_extra={"TF_CONFIG": json.dumps(
+        {"cluster": cluster, "task": {"type": "ps", "index": 0}})})
+    out, _ = bad.communicate(timeout=60)
+  assert bad.returncode == 2 and f"127.0.0.1:{port}) is already in use" in out
+
+
+def test_local_cluster_trains_and_leaves_no_process(tmp_path):
+  results = tmp_path / "results.json"
+  job = launch(SMALL_JOB + [f"--results={results}",
+                            f"--log_dir={tmp_path / 'logs'}"])
+  children, lines = [], []
+  for line in job.stdout:
+    lines.append(line)
+    if not children and line.startswith("[chief:0]"):
+      children = descendants(job)
+  job.wait(timeout=300)
+  output = "".join(lines)
+  assert job.returncode == 0, output
+  assert len(children) == 4, children  # ps, 2 workers, chief
+  assert_all_gone(children)
+  for task in ("[ps:0]", "[worker:0]", "[worker:1]", "[chief:0]"):
+    assert task in output
+  assert "[chief:0] epoch 1/1: loss" in output and "staleness mean" in output
+  saved = json.loads(results.read_text())
+  assert saved["gradients"] == 12 and saved["updates"] == 12
+  assert sum(saved["staleness_histogram"]) == 12
+  assert 0.0 <= saved["test_accuracy"] <= 1.0
+  assert (tmp_path / "logs" / "run.png").stat().st_size > 10000
+  assert any(p.name.startswith("events.out.tfevents")
+             for p in (tmp_path / "logs").iterdir())
+
+
+def test_killing_a_learner_stops_every_task():
+  job = launch(SMALL_JOB[:-2] + ["--steps_per_epoch=100000", "--minibatch=8"])
+  children = []
+  for line in job.stdout:
+    if line.startswith("[chief:0]") and "gradients per epoch" in line:
+      children = descendants(job)
+      break
+  worker = next(p for p in children
+                if "worker" in json.loads(p.environ()["TF_CONFIG"])["task"]
+                ["type"])
+  worker.send_signal(signal.SIGKILL)
+  output = job.stdout.read()
+  job.wait(timeout=120)
+  assert job.returncode == 2, output
+  assert "task worker:" in output and "stopped every task" in output
+  assert_all_gone(children)
+
+
+def test_interrupting_the_launcher_stops_every_task():
+  job = launch(SMALL_JOB[:-2] + ["--steps_per_epoch=100000", "--minibatch=8"])
+  children = []
+  for line in job.stdout:
+    if line.startswith("[chief:0]") and "gradients per epoch" in line:
+      children = descendants(job)
+      break
+  assert len(children) == 4
+  job.send_signal(signal.SIGINT)
+  job.stdout.read()
+  job.wait(timeout=120)
+  assert job.returncode == 130
+  assert_all_gone(children)
