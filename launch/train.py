@@ -61,6 +61,11 @@ def serve(spec):
                        protocol="grpc", start=True)
   print(f"{spec.task_type}:{spec.task_index} serving on {spec.address}",
         flush=True)
+  if os.environ.get("RUDRA_PRINT_DEVICES"):
+    print(f"{spec.task_type}:{spec.task_index} CUDA_VISIBLE_DEVICES="
+          f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r} GPUs="
+          f"{[d.name for d in tf.config.list_logical_devices('GPU')]}",
+          flush=True)
   chief = spec.cluster["chief"][0]
   seen, misses, started = False, 0, time.monotonic()
   while True:
@@ -111,6 +116,9 @@ def run_chief(config, spec):
   strategy = rudra_tf.RudraStrategy(
       tf.distribute.cluster_resolver.TFConfigClusterResolver(),
       protocol=config.protocol, max_staleness=config.max_staleness)
+  if os.environ.get("RUDRA_PRINT_DEVICES"):
+    print(f"learner steps run on {strategy.extended.worker_devices} of each "
+          "worker task", flush=True)
   with strategy.scope():
     model = models.build_model(config.model, data.input_shape,
                                data.num_classes)
