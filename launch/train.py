@@ -250,8 +250,21 @@ def main(argv):
   os._exit(0)  # pylint: disable=protected-access
 
 
+_HELP_FLAGS = ("--help", "-?", "--helpshort", "--helpfull")
+
+
 def run():
-  app.run(main)
+  """The console entry point (`rudra-train`) and `python -m launch.train`."""
+  # The flags live in launch/flags.py, which absl's short help leaves out;
+  # show them all, and exit 0 for a help request (absl exits 1).
+  wants_help = any(arg in _HELP_FLAGS for arg in sys.argv[1:])
+  argv = ["--helpfull" if arg in _HELP_FLAGS else arg for arg in sys.argv]
+  try:
+    app.run(main, argv=argv)
+  except SystemExit as done:
+    if wants_help and done.code == 1:
+      sys.exit(0)
+    raise
 
 
 if __name__ == "__main__":

@@ -53,12 +53,30 @@ def _mlp(features=6, hidden=8, classes=3, seed=2):
   return model
 
 
+def _compiled_mlp(strategy, optimizer, lr_policy, **compile_kwargs):
+  """The MLP, compiled under `strategy` with a StalenessAwareOptimizer."""
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  with strategy.scope():
+    model = _mlp()
+    model.compile(
+        optimizer=rudra_tf.StalenessAwareOptimizer(
+            _make_optimizer(optimizer), lr_policy=lr_policy),
+        loss="sparse_categorical_crossentropy", **compile_kwargs)
+  return model
+
+
 def _make_optimizer(name):
   import tf_keras  # pylint: disable=g-import-not-at-top
   if name == "sgd_momentum":
     return tf_keras.optimizers.SGD(0.05, momentum=0.9)
   if name == "adam":
     return tf_keras.optimizers.Adam(0.01)
+  if name == "sgd_weight_decay_clipnorm":
+    return tf_keras.optimizers.SGD(0.05, momentum=0.9, weight_decay=0.01,
+                                   clipnorm=0.5)
+  if name == "adamw_global_clipnorm":
+    return tf_keras.optimizers.AdamW(0.01, weight_decay=0.05,
+                                     global_clipnorm=1.0)
   if name == "sgd_schedule":
     schedule = tf_keras.optimizers.schedules.PiecewiseConstantDecay(
         [10, 20], [0.1, 0.05, 0.01])
@@ -69,15 +87,9 @@ def _make_optimizer(name):
 # ----------------------------------------------------------------- oracle
 def one_learner_matches_plain(optimizer, steps=30):
   """One learner, async, lr_policy "none", against plain tf_keras."""
-  import rudra_tf  # pylint: disable=g-import-not-at-top
   _, strategy = _connect(1, 1, "async")
   x, y = _data()
-  with strategy.scope():
-    model = _mlp()
-    model.compile(
-        optimizer=rudra_tf.StalenessAwareOptimizer(
-            _make_optimizer(optimizer), lr_policy="none"),
-        loss="sparse_categorical_crossentropy")
+  model = _compiled_mlp(strategy, optimizer, "none")
   model.fit(_dataset(x, y, 8), epochs=1, steps_per_epoch=steps, verbose=0)
   reference = _mlp()
   reference.compile(optimizer=_make_optimizer(optimizer),
@@ -90,17 +102,13 @@ def one_learner_matches_plain(optimizer, steps=30):
 
 # --------------------------------------------------------------- protocols
 def fit_and_report(num_learners, protocol, epochs=1, steps=40, num_ps=1,
-                   evaluate_between=False, more_steps=0):
+                   evaluate_between=False, more_steps=0,
+                   consistent_pulls=True):
   """Fits the MLP and returns the staleness report."""
-  import rudra_tf  # pylint: disable=g-import-not-at-top
-  _, strategy = _connect(num_ps, num_learners, protocol)
+  _, strategy = _connect(num_ps, num_learners, protocol,
+                         consistent_pulls=consistent_pulls)
   x, y = _data()
-  with strategy.scope():
-    model = _mlp()
-    model.compile(
-        optimizer=rudra_tf.StalenessAwareOptimizer(
-            _make_optimizer("sgd_momentum"), lr_policy="divide_by_n"),
-        loss="sparse_categorical_crossentropy")
+  model = _compiled_mlp(strategy, "sgd_momentum", "divide_by_n")
   dataset = _dataset(x, y, 4)
   model.fit(dataset, epochs=epochs, steps_per_epoch=steps, verbose=0)
   if evaluate_between:
@@ -218,12 +226,9 @@ def input_kinds():
   import rudra_tf  # pylint: disable=g-import-not-at-top
   _, strategy = _connect(1, 2, "2-softsync")
   x, y = _data()
+  model = _compiled_mlp(strategy, "adam", "divide_by_n",
+                        metrics=["accuracy"])
   with strategy.scope():
-    model = _mlp()
-    model.compile(
-        optimizer=rudra_tf.StalenessAwareOptimizer(
-            _make_optimizer("adam"), lr_policy="divide_by_n"),
-        loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     config = model.optimizer.get_config()
     clone = rudra_tf.StalenessAwareOptimizer.from_config(config)
   results = {
@@ -300,9 +305,39 @@ def errors_with_cluster():
       _dataset(x, y, 4), epochs=1, steps_per_epoch=2, verbose=0))
   capture("fit_without_steps", lambda: plain_model.fit(
       _dataset(x, y, 4), epochs=1, verbose=0))
+  capture("fit_numpy_without_steps", lambda: plain_model.fit(
+      x, y, batch_size=4, epochs=1, verbose=0))
   capture("evaluate_without_steps", lambda: plain_model.evaluate(
       _dataset(x, y, 4), verbose=0))
   variable = plain_model.trainable_variables[0]
   capture("apply_outside_step", lambda: wrapper.apply_gradients(
       [(tf.zeros(variable.shape), variable)]))
   return messages
+
+
+def learner_input_contexts(num_learners=3, steps=12):
+  """Which InputContext each learner's dataset function was traced with."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, num_learners, "async")
+  data = datasets.load_synthetic(train_size=90, test_size=9,
+                                 image_shape=(4, 4, 1), num_classes=3)
+  seen = []
+
+  def dataset_fn(context):
+    seen.append((context.num_input_pipelines, context.input_pipeline_id))
+    return data.learner_dataset(context, batch_size=2)
+
+  with strategy.scope():
+    model = tf_keras.Sequential([
+        tf_keras.layers.Input((4, 4, 1)), tf_keras.layers.Flatten(),
+        tf_keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer=rudra_tf.StalenessAwareOptimizer(
+        tf_keras.optimizers.SGD(0.1)), loss="sparse_categorical_crossentropy")
+  history = model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
+                      epochs=1, steps_per_epoch=steps, verbose=0)
+  return {"contexts": seen, "loss": history.history["loss"],
+          "report": _report(strategy), "finite": bool(np.isfinite(
+              history.history["loss"][0]))}

@@ -156,13 +156,17 @@ def test_local_cluster_trains_and_leaves_no_process(tmp_path):
              for p in (tmp_path / "logs").iterdir())
 
 
-def test_killing_a_learner_stops_every_task():
+def start_long_job():
+  """Starts a job that trains for long; returns it once the chief trains."""
   job = launch(SMALL_JOB[:-2] + ["--steps_per_epoch=100000", "--minibatch=8"])
-  children = []
   for line in job.stdout:
     if line.startswith("[chief:0]") and "gradients per epoch" in line:
-      children = descendants(job)
-      break
+      return job, descendants(job)
+  raise AssertionError(f"the chief never started: {job.wait()}")
+
+
+def test_killing_a_learner_stops_every_task():
+  job, children = start_long_job()
   worker = next(p for p in children
                 if "worker" in json.loads(p.environ()["TF_CONFIG"])["task"]
                 ["type"])
@@ -175,12 +179,7 @@ def test_killing_a_learner_stops_every_task():
 
 
 def test_interrupting_the_launcher_stops_every_task():
-  job = launch(SMALL_JOB[:-2] + ["--steps_per_epoch=100000", "--minibatch=8"])
-  children = []
-  for line in job.stdout:
-    if line.startswith("[chief:0]") and "gradients per epoch" in line:
-      children = descendants(job)
-      break
+  job, children = start_long_job()
   assert len(children) == 4
   job.send_signal(signal.SIGINT)
   job.stdout.read()
