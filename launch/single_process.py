@@ -1,7 +1,7 @@
 r"""Trains a model in one process, no servers: the λ = 1 reference.
 
   python -m launch.single_process --model=small_cnn --dataset=fashion_mnist \
-      --epochs=5 --minibatch=64 --lr=0.05
+      --epochs=10 --minibatch=64 --lr=0.02
 
 Same models, data pipeline (per-pixel mean subtraction) and SGD with
 momentum as launch/train.py, so the two compare directly.
@@ -17,9 +17,9 @@ from absl import flags
 flags.DEFINE_string("model", "small_cnn", "Model name (models.MODEL_NAMES).")
 flags.DEFINE_string("dataset", "fashion_mnist", "Data set name.")
 flags.DEFINE_string("data_dir", None, "Data folder.")
-flags.DEFINE_integer("epochs", 5, "Epochs.")
+flags.DEFINE_integer("epochs", 10, "Epochs.")
 flags.DEFINE_integer("minibatch", 64, "Examples per step.")
-flags.DEFINE_float("lr", 0.05, "Learning rate (SGD with momentum).")
+flags.DEFINE_float("lr", 0.02, "Learning rate (SGD with momentum).")
 flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
 flags.DEFINE_integer("seed", 0, "Seed.")
 flags.DEFINE_string("results", None, "Write the results JSON here.")

@@ -178,10 +178,19 @@ def two_ps_training(partitioned, steps=20):
         placement.append([variable.device])
   slot_devices = [v.device for v in model.optimizer.inner_optimizer.variables
                   if v.name.startswith("m/")]
+  optimizer = model.optimizer
+  every_variable = (list(model.variables) + list(optimizer.variables)
+                    + [optimizer.inner_optimizer.iterations,
+                       optimizer.inner_optimizer._learning_rate])  # pylint: disable=protected-access
   full_weights = [tf.convert_to_tensor(v).numpy() for layer in model.layers
                   for v in (layer.kernel, layer.bias)]
   return {"weights": full_weights, "placement": placement,
-          "slot_devices": slot_devices, "report": _report(strategy)}
+          "slot_devices": slot_devices, "report": _report(strategy),
+          "all_devices": sorted({
+              part.device for v in every_variable for part in (
+                  v.variables if isinstance(
+                      v, tf.__internal__.distribute.ShardedVariable)
+                  else [v])})}
 
 
 # -------------------------------------------------------------- checkpoint

@@ -147,6 +147,11 @@ def test_two_ps_tasks_spread_and_partitioned_variables_match():
   # Slots sit next to their variables.
   assert sorted(plain["slot_devices"]) == sorted(
       d for ds in plain["placement"] for d in ds)
+  # The chief holds nothing a learner needs per step: weights, slots,
+  # learning rate, counters and protocol state all live on ps tasks.
+  for result in (plain, sharded):
+    assert all(d.startswith("/job:ps/") for d in result["all_devices"]), (
+        result["all_devices"])
   # With the partitioner the first kernel has two parts on different tasks.
   first_kernel = sharded["placement"][0]
   assert len(first_kernel) == 2 and len(set(first_kernel)) == 2

@@ -73,3 +73,27 @@ def test_tf_keras_step_builders_are_recognized():
   assert not strategy_lib._is_inference_step(FakeQualname)
   assert "self.distribute_strategy._should_use_with_coordinator" in (
       inspect.getsource(model_class.fit))
+
+
+def test_coordinator_hooks_for_per_learner_datasets():
+  from tensorflow.python.distribute import input_util  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute.coordinator import cluster_coordinator  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute.coordinator import values  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.engine import data_adapter  # pylint: disable=g-import-not-at-top
+  coordinator = cluster_coordinator.ClusterCoordinator
+  # One coordinator per strategy: tf_keras's ClusterCoordinator(strategy)
+  # returns the RudraCoordinator that RudraStrategy created first.
+  assert "strategy._cluster_coordinator is None" in inspect.getsource(
+      coordinator.__new__)
+  assert "create_per_worker_dataset(" in inspect.getsource(
+      data_adapter._ClusterCoordinatorDataHandler)
+  per_worker = values.PerWorkerDatasetFromDatasetFunction
+  init_source = inspect.getsource(per_worker.__init__)
+  assert "get_concrete_function()" in init_source
+  assert "self._dataset_fn = dataset_fn" in init_source
+  assert hasattr(values, "PerWorkerDistributedIterator")
+  assert "def create_resource(self, function" in inspect.getsource(
+      cluster_coordinator.Worker)
+  assert list(inspect.signature(
+      input_util.get_distributed_datasets_from_function).parameters)[:4] == [
+          "dataset_fn", "input_workers", "input_contexts", "strategy"]
