@@ -261,3 +261,23 @@ def test_cluster_from_generated_tf_config_trains_to_completion(tmp_path):
   for name in ("ps:0", "worker:0", "worker:1"):
     assert "chief finished; exiting" in outputs[name]
   assert json.loads(results.read_text())["gradients"] == 12
+
+
+def test_checkpoint_dir_resumes_where_the_last_run_stopped(tmp_path):
+  checkpoints, results = tmp_path / "ckpt", tmp_path / "results.json"
+  common = SMALL_JOB[:-3] + ["--steps_per_epoch=12", "--minibatch=8",
+                             f"--checkpoint_dir={checkpoints}",
+                             f"--results={results}"]
+  first = launch(common + ["--epochs=1"])
+  out, _ = first.communicate(timeout=300)
+  assert first.returncode == 0, out
+  assert json.loads(results.read_text())["gradients"] == 12
+  second = launch(common + ["--epochs=2"])
+  out, _ = second.communicate(timeout=300)
+  assert second.returncode == 0, out
+  assert "resumed from" in out and "after epoch 1" in out
+  assert "epoch 2/2" in out and "epoch 1/2" not in out
+  saved = json.loads(results.read_text())
+  # The protocol state came back: counts continue from the first run.
+  assert saved["gradients"] == 24 and saved["updates"] == 24
+  assert sum(saved["staleness_histogram"]) == 24
