@@ -1,0 +1,281 @@
+"""A one-process simulator of Rudra's protocols: λ virtual learners, one PS.
+
+No servers: the parameter server's protocol state (`ProtocolServer`) follows
+exactly the rules of the real strategy's shards (`rudra_tf/protocol.py`: c,
+the learning-rate multiplier, staleness weights, the drop rule, the
+histogram; hardsync's λ pull tokens per version), and a learner-speed model
+decides the order of the pushes. Deterministic for a seed.
+
+The protocol engine (`run_protocol`) is pure Python; the model math
+(`KerasModelMath`) is TensorFlow, so the schedule of pushes can be checked by
+hand and the training can be checked against the real cluster.
+
+Worked trajectory (λ = 4, "2-softsync", equal speeds; ties go to the lower
+learner index): every learner pulls version 0 at t = 0 and pushes at t = 1.
+Learner 0 pushes (σ = 0) and pulls version 0 again; learner 1 (σ = 0)
+completes update 1 and pulls version 1; learners 2 and 3 push with σ = 1 and
+complete update 2. At t = 2 the learners hold versions 0, 1, 1, 2 and push
+with σ = 2, 1, 2, 1, and so on: the staleness settles at 2, 1, 2, 1.
+"""
+
+import collections
+import dataclasses
+import heapq
+
+import numpy as np
+
+from rudra_tf import protocol as protocol_lib
+from rudra_tf import report as report_lib
+
+SPEED_MODELS = ("equal", "random", "straggler")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedModel:
+  """How long each learner takes from its pull to its push.
+
+  * "equal": every step takes 1.
+  * "random": each step takes a uniform draw in [1 - jitter, 1 + jitter].
+  * "straggler": learner 0 takes `straggler_factor`, the others 1.
+  """
+  kind: str = "equal"
+  jitter: float = 0.5
+  straggler_factor: float = 4.0
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.kind not in SPEED_MODELS:
+      raise ValueError(f"Unknown speed model {self.kind!r}; valid values are "
+                       f"{', '.join(SPEED_MODELS)}.")
+    if not 0 <= self.jitter < 1:
+      raise ValueError(f"jitter must be in [0, 1), got {self.jitter}.")
+    if self.straggler_factor < 1:
+      raise ValueError("straggler_factor must be >= 1, got "
+                       f"{self.straggler_factor}.")
+
+  def step_time(self, learner, rng):
+    if self.kind == "random":
+      return float(rng.uniform(1 - self.jitter, 1 + self.jitter))
+    if self.kind == "straggler" and learner == 0:
+      return float(self.straggler_factor)
+    return 1.0
+
+
+class ProtocolServer:
+  """One parameter-server shard's protocol state, as `ShardState` keeps it."""
+
+  def __init__(self, protocol, lr_policy="none", max_staleness=None):
+    self.protocol = protocol
+    self.lr_policy = protocol_lib.validate_lr_policy(lr_policy)
+    self.max_staleness = protocol_lib.validate_max_staleness(max_staleness)
+    self.bins = protocol_lib.histogram_bins(protocol.num_learners)
+    self.timestamp = self.pending = self.received = self.dropped = 0
+    self.staleness_sum = self.staleness_max = 0
+    self.histogram = np.zeros(self.bins, np.int64)
+    self.tokens = protocol.num_learners if protocol.barrier else None
+
+  def can_pull(self):
+    return self.tokens is None or self.tokens > 0
+
+  def pull(self):
+    """Returns the timestamp a pull reads (taking a hardsync token)."""
+    if not self.can_pull():
+      raise RuntimeError("hardsync pull without a token")
+    if self.tokens is not None:
+      self.tokens -= 1
+    return self.timestamp
+
+  def push(self, pulled_timestamp):
+    """Records one gradient; returns (its weight or None if dropped, σ)."""
+    staleness = self.timestamp - pulled_timestamp
+    self.received += 1
+    self.histogram[min(staleness, self.bins - 1)] += 1
+    self.staleness_sum += staleness
+    self.staleness_max = max(self.staleness_max, staleness)
+    if not protocol_lib.accepts_gradient(staleness, self.max_staleness):
+      self.dropped += 1
+      return None, staleness
+    self.pending += 1
+    return protocol_lib.staleness_weight(self.lr_policy, staleness), staleness
+
+  @property
+  def update_due(self):
+    return self.pending >= self.protocol.gradients_per_update
+
+  def complete_update(self):
+    self.pending = 0
+    self.timestamp += 1
+    if self.tokens is not None:
+      self.tokens += self.protocol.num_learners
+
+  def report(self):
+    return report_lib.StalenessReport.from_shards(self.protocol, [[
+        self.timestamp, self.pending, self.received, self.dropped,
+        self.staleness_sum, self.staleness_max, self.histogram.copy()]])
+
+
+def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
+                 on_push=None, on_update=None):
+  """Plays `num_gradients` pushes of λ virtual learners against `server`.
+
+  Callbacks (all optional) connect the model math:
+    on_pull(learner): the learner takes a snapshot of the weights.
+    on_push(learner, weight): it pushes its gradient on that snapshot;
+      weight is None for a dropped gradient.
+    on_update(timestamp): apply the mean of the accepted gradients.
+
+  Returns:
+    The list of (time, learner, staleness) of every push, in order.
+  """
+  rng = np.random.default_rng(speed.seed)
+  num_learners = server.protocol.num_learners
+  running, waiting, pulled = [], collections.deque(), {}
+  sequence = 0
+  pushes = []
+
+  def start(learner, now):
+    nonlocal sequence
+    if not server.can_pull():
+      waiting.append(learner)
+      return
+    pulled[learner] = server.pull()
+    if on_pull:
+      on_pull(learner)
+    sequence += 1
+    heapq.heappush(running, (now + speed.step_time(learner, rng), sequence,
+                             learner))
+
+  for learner in range(num_learners):
+    start(learner, 0.0)
+  while len(pushes) < num_gradients:
+    now, _, learner = heapq.heappop(running)
+    weight, staleness = server.push(pulled[learner])
+    if on_push:
+      on_push(learner, weight)
+    pushes.append((now, learner, staleness))
+    if server.update_due:
+      if on_update:
+        on_update(server.timestamp)
+      server.complete_update()
+      while waiting and server.can_pull():
+        start(waiting.popleft(), now)
+    start(learner, now)
+  return pushes
+
+
+class KerasModelMath:
+  """The TensorFlow half of the simulator: snapshots, gradients, updates.
+
+  `master` holds the parameter server's weights and the inner optimizer;
+  `worker` is where a learner's gradient is computed, on its snapshot.
+  """
+
+  def __init__(self, model_fn, optimizer, loss):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self._tf = tf
+    self.master = model_fn()
+    self._worker = model_fn()
+    self._optimizer = optimizer
+    self._loss = loss
+    variables = self.master.trainable_variables
+    self._optimizer.build(variables)
+    self._accumulators = [np.zeros(v.shape, v.dtype.as_numpy_dtype)
+                          for v in variables]
+
+    @tf.function(reduce_retracing=True)
+    def gradient(weights, x, y):
+      for variable, value in zip(self._worker.trainable_variables, weights):
+        variable.assign(value)
+      with tf.GradientTape() as tape:
+        loss = self._loss(y, self._worker(x, training=True))
+      return tape.gradient(loss, self._worker.trainable_variables)
+
+    @tf.function(reduce_retracing=True)
+    def apply(mean_gradients, learning_rate):
+      self._optimizer.learning_rate.assign(learning_rate)
+      self._optimizer.apply_gradients(
+          zip(mean_gradients, self.master.trainable_variables))
+
+    self._gradient, self._apply = gradient, apply
+
+  def snapshot(self):
+    return [v.numpy() for v in self.master.trainable_variables]
+
+  def accumulate(self, weight, snapshot, batch):
+    gradients = self._gradient(snapshot, *batch)
+    for accumulator, gradient in zip(self._accumulators, gradients):
+      accumulator += weight * gradient.numpy()
+
+  def apply_mean(self, count, learning_rate):
+    self._apply([a / count for a in self._accumulators],
+                np.float32(learning_rate))
+    for accumulator in self._accumulators:
+      accumulator[...] = 0.0
+
+
+def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
+             steps_per_epoch=None, learning_rate=0.01, momentum=0.9,
+             lr_policy="none", max_staleness=None, speed=SpeedModel(),
+             seed=0, out=None):
+  """Trains `model_fn()` on `data` as λ learners under `protocol` would.
+
+  Args:
+    model_fn: builds a fresh tf_keras model (called twice).
+    data: a `rudra_tf.datasets` data set (learner shards, test split).
+    protocol: "hardsync", "async" or "<n>-softsync".
+    num_learners, minibatch: λ and μ.
+    steps_per_epoch: gradients per epoch (default train size / μ).
+    learning_rate: α0 (a float, or a callable of the timestamp).
+    speed: the learner-speed model.
+
+  Returns:
+    A dict: test_accuracy, test_loss, report (a StalenessReport),
+    simulated_time (in units of one learner step), updates, gradients and
+    the final weights.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+  tf_keras.utils.set_random_seed(seed)
+  parsed = protocol_lib.parse_protocol(protocol, num_learners)
+  server = ProtocolServer(parsed, lr_policy, max_staleness)
+  multiplier = protocol_lib.learning_rate_multiplier(lr_policy, parsed)
+  schedule = learning_rate if callable(learning_rate) else (
+      lambda _: learning_rate)
+  math = KerasModelMath(
+      model_fn, tf_keras.optimizers.SGD(learning_rate=float(schedule(0)),
+                                        momentum=momentum),
+      tf_keras.losses.SparseCategoricalCrossentropy())
+  batches = [iter(data.learner_dataset(
+      distribute_lib.InputContext(num_learners, learner), minibatch,
+      seed=seed)) for learner in range(num_learners)]
+  snapshots = {}
+  steps = steps_per_epoch or data.train_size // minibatch
+
+  def on_pull(learner):
+    snapshots[learner] = math.snapshot()
+
+  def on_push(learner, weight):
+    if weight is not None:
+      math.accumulate(weight, snapshots[learner], next(batches[learner]))
+
+  def on_update(timestamp):
+    math.apply_mean(parsed.gradients_per_update,
+                    schedule(timestamp) * multiplier)
+
+  pushes = run_protocol(server, steps * epochs, speed, on_pull, on_push,
+                        on_update)
+  math.master.compile(loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+  test_loss, test_accuracy = math.master.evaluate(data.test_dataset(1000),
+                                                  verbose=0)
+  report = server.report()
+  if out:
+    out(f"simulated {protocol} λ={num_learners} μ={minibatch} {lr_policy}: "
+        f"test accuracy {test_accuracy:.4f}; {report.summary()}")
+  del tf
+  return {"test_accuracy": float(test_accuracy),
+          "test_loss": float(test_loss), "report": report,
+          "simulated_time": pushes[-1][0] if pushes else 0.0,
+          "updates": report.timestamp, "gradients": report.gradients,
+          "weights": math.master.get_weights()}

@@ -1,0 +1,129 @@
+"""The simulator: protocol trajectories by hand, invariants, and an oracle."""
+
+import numpy as np
+import pytest
+
+from rudra_tf import protocol as protocol_lib
+from rudra_tf import simulate
+
+
+def server(protocol, num_learners, **kwargs):
+  return simulate.ProtocolServer(
+      protocol_lib.parse_protocol(protocol, num_learners), **kwargs)
+
+
+def staleness(pushes):
+  return [s for _, _, s in pushes]
+
+
+def test_two_softsync_trajectory_by_hand():
+  # Worked out in simulate.py's docstring: versions 0,0,0,0 pulled at t=0;
+  # pushes at t=1 have σ = 0,0,1,1; from t=2 on, σ = 2,1,2,1.
+  ps = server("2-softsync", 4)
+  pushes = simulate.run_protocol(ps, 16)
+  assert staleness(pushes) == [0, 0, 1, 1] + [2, 1, 2, 1] * 3
+  assert [learner for _, learner, _ in pushes[:8]] == [0, 1, 2, 3] * 2
+  assert (ps.timestamp, ps.pending, ps.received) == (8, 0, 16)
+
+
+def test_hardsync_is_never_stale_and_ends_with_a_partial_round():
+  ps = server("hardsync", 3)
+  pushes = simulate.run_protocol(ps, 10)
+  assert staleness(pushes) == [0] * 10
+  assert (ps.timestamp, ps.pending) == (3, 1)  # 10 = 3 * 3 + 1
+  assert ps.tokens == 3 - 1 - 2  # one pending pull, two waiting learners
+
+
+def test_async_staleness_settles_at_lambda_minus_one():
+  pushes = simulate.run_protocol(server("async", 4), 12)
+  assert staleness(pushes) == [0, 1, 2, 3] + [3] * 8
+
+
+@pytest.mark.parametrize("protocol,num_learners", [
+    ("hardsync", 4), ("1-softsync", 4), ("2-softsync", 5), ("async", 3)])
+@pytest.mark.parametrize("seed", range(4))
+def test_invariants_under_random_speeds(protocol, num_learners, seed):
+  ps = server(protocol, num_learners, max_staleness=3)
+  speed = simulate.SpeedModel("random", jitter=0.9, seed=seed)
+  simulate.run_protocol(ps, 157, speed)
+  c = ps.protocol.gradients_per_update
+  assert ps.timestamp * c + ps.pending == ps.received - ps.dropped
+  assert ps.received == 157 == ps.histogram.sum()
+  assert ps.dropped == ps.histogram[4:].sum()
+  if protocol == "hardsync":
+    assert ps.histogram[0] == 157
+
+
+def test_runs_are_deterministic_for_a_seed():
+  def trace(seed):
+    return simulate.run_protocol(server("2-softsync", 6), 60,
+                                 simulate.SpeedModel("random", seed=seed))
+  assert trace(7) == trace(7)
+  assert trace(7) != trace(8)
+
+
+def test_a_straggler_slows_hardsync_more_than_softsync():
+  straggler = simulate.SpeedModel("straggler", straggler_factor=4.0)
+  hard = simulate.run_protocol(server("hardsync", 4), 80, straggler)
+  soft = simulate.run_protocol(server("1-softsync", 4), 80, straggler)
+  # hardsync waits for the straggler every round (4 time units a round of
+  # 4 gradients); 1-softsync lets the other three push on.
+  assert hard[-1][0] == pytest.approx(80 / 4 * 4.0)
+  assert soft[-1][0] < 0.5 * hard[-1][0]
+  assert sum(1 for _, l, _ in soft if l == 0) < 80 / 4
+
+
+def test_speed_model_and_policy_validation():
+  with pytest.raises(ValueError, match="'warp'.*equal, random, straggler"):
+    simulate.SpeedModel("warp")
+  with pytest.raises(ValueError, match="jitter"):
+    simulate.SpeedModel("random", jitter=1.5)
+  with pytest.raises(ValueError, match="straggler_factor"):
+    simulate.SpeedModel("straggler", straggler_factor=0.5)
+  with pytest.raises(ValueError, match="lr_policy"):
+    server("async", 2, lr_policy="half")
+
+
+def test_one_learner_async_simulation_equals_plain_sgd():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import models  # pylint: disable=g-import-not-at-top
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+  data = datasets.load_synthetic(train_size=256, test_size=64,
+                                 image_shape=(8, 8, 1), num_classes=4)
+  model_fn = lambda: models.build_model("mlp", (8, 8, 1), 4, hidden=16)
+  result = simulate.simulate(model_fn, data, "async", num_learners=1,
+                             minibatch=8, steps_per_epoch=40,
+                             learning_rate=0.05, seed=3)
+  assert result["updates"] == 40 and result["report"].max == 0
+  tf_keras.utils.set_random_seed(3)
+  reference = model_fn()
+  model_fn()  # the simulator builds its worker copy second
+  reference.compile(optimizer=tf_keras.optimizers.SGD(0.05, momentum=0.9),
+                    loss="sparse_categorical_crossentropy",
+                    metrics=["accuracy"])
+  reference.fit(data.learner_dataset(distribute_lib.InputContext(1, 0), 8,
+                                     seed=3),
+                steps_per_epoch=40, epochs=1, verbose=0)
+  for simulated, plain in zip(result["weights"], reference.get_weights()):
+    np.testing.assert_allclose(simulated, plain, rtol=1e-5, atol=1e-7)
+  assert not np.allclose(result["weights"][0], model_fn().get_weights()[0])
+  del tf
+
+
+def test_simulation_of_many_learners_trains():
+  import models  # pylint: disable=g-import-not-at-top
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  data = datasets.load_synthetic(train_size=600, test_size=100,
+                                 image_shape=(8, 8, 1), num_classes=4)
+  result = simulate.simulate(
+      lambda: models.build_model("mlp", (8, 8, 1), 4, hidden=32), data,
+      "2-softsync", num_learners=8, minibatch=4, epochs=2,
+      learning_rate=0.05, lr_policy="divide_by_n",
+      speed=simulate.SpeedModel("random", seed=1))
+  report = result["report"]
+  assert report.gradients == 2 * 150
+  assert report.timestamp * 4 + report.pending == report.gradients
+  assert 0 < report.mean < 8
+  assert result["test_accuracy"] > 0.4  # 4 classes: chance is 0.25
