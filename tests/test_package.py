@@ -31,16 +31,18 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_its_entry_point(tmp_path):
   assert "rudra-train = launch.train:run" in zipfile.ZipFile(wheel).read(
       entry_points).decode()
 
-  venv = tmp_path / "venv"
-  run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
-  run([str(venv / "bin" / "pip"), "install", "--no-deps", "--no-index",
-       str(wheel)])
-  location = run([str(venv / "bin" / "python"), "-c",
-                  "import rudra_tf, models, launch; print(rudra_tf.__file__)"],
-                 cwd=str(tmp_path))
-  assert location.startswith(str(venv)), location
+  # Nothing but the venv may provide the package (Bazel sets PYTHONPATH).
   environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   environment.pop("PYTHONPATH", None)
+  venv = tmp_path / "venv"
+  run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+      env=environment)
+  run([str(venv / "bin" / "pip"), "install", "--no-deps", "--no-index",
+       str(wheel)], env=environment)
+  location = run([str(venv / "bin" / "python"), "-c",
+                  "import rudra_tf, models, launch; print(rudra_tf.__file__)"],
+                 cwd=str(tmp_path), env=environment)
+  assert location.startswith(str(venv)), location
   help_text = run([str(venv / "bin" / "rudra-train"), "--help"],
                   cwd=str(tmp_path), env=environment)
   for flag in ("--protocol", "--lr_policy", "--learners", "--global_batch"):
