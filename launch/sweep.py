@@ -1,0 +1,257 @@
+r"""Sweeps protocol, lr_policy, μ and λ; writes results rows, a table and plots.
+
+  python -m launch.sweep --backend=simulator --learners=30 --minibatches=4 \
+      --protocols=hardsync,1-softsync,2-softsync,4-softsync,async \
+      --lr_policies=none,divide_by_n,divide_by_staleness --epochs=2 \
+      --out_dir=runs/sweep
+
+Each point runs in the simulator (`rudra_tf.simulate`, one process) or on a
+real local cluster (`--backend=cluster`: launch/train.py, separate
+processes). Finished points are kept in OUT_DIR/points/ and not rerun, so a
+sweep can be stopped and resumed. Every run rewrites OUT_DIR/results.csv,
+results.json, table.md and the PNG plots from all finished points.
+"""
+
+import csv
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from rudra_tf import protocol as protocol_lib
+
+flags.DEFINE_enum("backend", "simulator", ["simulator", "cluster"],
+                  "Where each point runs.")
+flags.DEFINE_list("protocols", ["hardsync", "1-softsync", "async"],
+                  "Protocols (points with n > λ are skipped).")
+flags.DEFINE_list("lr_policies", ["none", "divide_by_n"], "lr_policy values.")
+flags.DEFINE_list("minibatches", ["4"], "μ values.")
+flags.DEFINE_list("learners", ["4"], "λ values.")
+flags.DEFINE_string("model", "small_cnn", "Model name.")
+flags.DEFINE_string("dataset", "fashion_mnist", "Data set name.")
+flags.DEFINE_string("data_dir", None, "Data folder.")
+flags.DEFINE_float("lr", 0.02, "Base learning rate α0.")
+flags.DEFINE_integer("epochs", 1, "Epochs per point.")
+flags.DEFINE_integer("steps_per_epoch", None, "Gradients per epoch "
+                     "(default: one pass, train size / μ).")
+flags.DEFINE_enum("speed", "equal", ["equal", "random", "straggler"],
+                  "Learner-speed model (simulator).")
+flags.DEFINE_integer("seed", 0, "Seed.")
+flags.DEFINE_string("out_dir", "runs/sweep", "Where points and reports go.")
+FLAGS = flags.FLAGS
+
+COLUMNS = ("protocol", "lr_policy", "minibatch", "learners", "n",
+           "test_error", "test_accuracy", "wall_time_s", "updates",
+           "gradients", "staleness_mean", "staleness_max", "backend")
+
+
+def point_key(point):
+  return (f"{point['protocol']}__{point['lr_policy']}__mu{point['minibatch']}"
+          f"__lambda{point['learners']}")
+
+
+def grid(protocols, lr_policies, minibatches, learners):
+  """The valid points, and the skipped ones with the reason."""
+  points, skipped = [], []
+  for protocol, policy, minibatch, num_learners in itertools.product(
+      protocols, lr_policies, minibatches, learners):
+    protocol_lib.validate_lr_policy(policy)
+    if int(minibatch) < 1 or int(num_learners) < 1:
+      raise ValueError(f"μ and λ must be >= 1, got {minibatch}, "
+                       f"{num_learners}.")
+    try:
+      parsed = protocol_lib.parse_protocol(protocol, int(num_learners))
+    except ValueError as error:
+      skipped.append((protocol, policy, minibatch, num_learners, str(error)))
+      continue
+    points.append({"protocol": parsed.name, "lr_policy": policy,
+                   "minibatch": int(minibatch),
+                   "learners": int(num_learners), "n": parsed.n})
+  return points, skipped
+
+
+def run_simulated(point, config):
+  import models  # pylint: disable=g-import-not-at-top
+  from rudra_tf import datasets, simulate  # pylint: disable=g-import-not-at-top
+  data = datasets.load_dataset(config["dataset"], config["data_dir"])
+  start = time.monotonic()
+  result = simulate.simulate(
+      lambda: models.build_model(config["model"], data.input_shape,
+                                 data.num_classes),
+      data, point["protocol"], point["learners"], point["minibatch"],
+      epochs=config["epochs"], steps_per_epoch=config["steps_per_epoch"],
+      learning_rate=config["lr"], lr_policy=point["lr_policy"],
+      speed=simulate.SpeedModel(config["speed"], seed=config["seed"]),
+      seed=config["seed"])
+  report = result["report"]
+  last = int(max([i for i, v in enumerate(report.histogram) if v] or [0]))
+  return {"test_accuracy": result["test_accuracy"],
+          "wall_time_s": time.monotonic() - start,
+          "simulated_time": result["simulated_time"],
+          "updates": report.timestamp, "gradients": report.gradients,
+          "staleness_mean": report.mean, "staleness_max": report.max,
+          "staleness_histogram": report.histogram[:last + 1].tolist()}
+
+
+def run_on_cluster(point, config, results_path):
+  command = [sys.executable, "-m", "launch.train",
+             f"--model={config['model']}", f"--dataset={config['dataset']}",
+             f"--protocol={point['protocol']}",
+             f"--lr_policy={point['lr_policy']}", f"--lr={config['lr']}",
+             f"--learners={point['learners']}",
+             f"--minibatch={point['minibatch']}",
+             f"--epochs={config['epochs']}", f"--seed={config['seed']}",
+             f"--results={results_path}"]
+  if config["steps_per_epoch"]:
+    command.append(f"--steps_per_epoch={config['steps_per_epoch']}")
+  if config["data_dir"]:
+    command.append(f"--data_dir={config['data_dir']}")
+  subprocess.run(command, check=True)
+  with open(results_path) as stream:
+    result = json.load(stream)
+  return {key: result[key] for key in (
+      "test_accuracy", "wall_time_s", "updates", "gradients",
+      "staleness_mean", "staleness_max", "staleness_histogram", "epochs")}
+
+
+def run_points(points, config, out_dir, out=print):
+  """Runs every point not already finished; returns all finished rows."""
+  os.makedirs(os.path.join(out_dir, "points"), exist_ok=True)
+  rows = []
+  for index, point in enumerate(points):
+    path = os.path.join(out_dir, "points", point_key(point) + ".json")
+    if os.path.exists(path):
+      with open(path) as stream:
+        rows.append(json.load(stream))
+      out(f"[{index + 1}/{len(points)}] {point_key(point)}: done before")
+      continue
+    out(f"[{index + 1}/{len(points)}] {point_key(point)}: running")
+    if config["backend"] == "simulator":
+      result = run_simulated(point, config)
+    else:
+      result = run_on_cluster(point, config, path + ".train.json")
+    row = {**point, **result, "backend": config["backend"],
+           "test_error": 1.0 - result["test_accuracy"]}
+    with open(path + ".tmp", "w") as stream:
+      json.dump(row, stream, indent=2)
+    os.replace(path + ".tmp", path)  # a point is finished or absent
+    out(f"    test error {row['test_error']:.4f}, staleness mean "
+        f"{row['staleness_mean']:.2f} max {row['staleness_max']}")
+    rows.append(row)
+  return rows
+
+
+def write_reports(rows, out_dir):
+  """results.csv, results.json, table.md and plots from finished rows."""
+  with open(os.path.join(out_dir, "results.json"), "w") as stream:
+    json.dump(rows, stream, indent=2)
+  with open(os.path.join(out_dir, "results.csv"), "w", newline="") as stream:
+    writer = csv.DictWriter(stream, COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+  lines = ["| protocol | n | lr_policy | μ | λ | μλ | test error | "
+           "staleness mean | max | updates | wall time (s) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for row in sorted(rows, key=lambda r: (r["learners"], r["minibatch"],
+                                         r["lr_policy"], r["n"])):
+    lines.append(
+        f"| {row['protocol']} | {row['n']} | {row['lr_policy']} | "
+        f"{row['minibatch']} | {row['learners']} | "
+        f"{row['minibatch'] * row['learners']} | {row['test_error']:.4f} | "
+        f"{row['staleness_mean']:.2f} | {row['staleness_max']} | "
+        f"{row['updates']} | {row['wall_time_s']:.1f} |")
+  table = "\n".join(lines) + "\n"
+  with open(os.path.join(out_dir, "table.md"), "w") as stream:
+    stream.write(table)
+  plot_reports(rows, out_dir)
+  return table
+
+
+def plot_reports(rows, out_dir):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  figure, axes = pyplot.subplots(2, 2, figsize=(12, 9))
+  by_n, by_mu, by_time, histograms = axes.flat
+  groups = sorted({(r["lr_policy"], r["learners"], r["minibatch"])
+                   for r in rows})
+  for policy, num_learners, minibatch in groups:
+    chosen = sorted((r for r in rows if (r["lr_policy"], r["learners"],
+                                         r["minibatch"]) ==
+                     (policy, num_learners, minibatch)), key=lambda r: r["n"])
+    by_n.plot([r["n"] for r in chosen], [r["test_error"] for r in chosen],
+              "o-", label=f"{policy}, λ={num_learners}, μ={minibatch}")
+  by_n.set_xlabel("n (hardsync and 1-softsync: n = 1; async: n = λ)")
+  by_n.set_ylabel("test error")
+  by_n.set_title("test error against n")
+  by_n.legend(fontsize=7)
+  for key in sorted({(r["protocol"], r["lr_policy"], r["learners"])
+                     for r in rows}):
+    chosen = sorted((r for r in rows
+                     if (r["protocol"], r["lr_policy"], r["learners"]) == key),
+                    key=lambda r: r["minibatch"])
+    by_mu.plot([r["minibatch"] for r in chosen],
+               [r["test_error"] for r in chosen], "o-",
+               label=f"{key[0]}, {key[1]}, λ={key[2]}")
+    for r in chosen:
+      by_mu.annotate(f"μλ={r['minibatch'] * r['learners']}",
+                     (r["minibatch"], r["test_error"]), fontsize=6)
+  by_mu.set_xlabel("μ")
+  by_mu.set_ylabel("test error")
+  by_mu.set_title("test error against μ and λ (points marked with μλ)")
+  by_mu.legend(fontsize=7)
+  for r in rows:
+    by_time.scatter(r["wall_time_s"], 1 - r["test_error"])
+    by_time.annotate(f"{r['protocol']}/{r['lr_policy']}/λ={r['learners']}",
+                     (r["wall_time_s"], 1 - r["test_error"]), fontsize=6)
+  by_time.set_xlabel("wall time (s)")
+  by_time.set_ylabel("test accuracy")
+  by_time.set_title("accuracy against wall time")
+  for r in rows:
+    if r["lr_policy"] == rows[0]["lr_policy"]:
+      histograms.plot(range(len(r["staleness_histogram"])),
+                      r["staleness_histogram"], "o-",
+                      label=f"{r['protocol']}, λ={r['learners']}, "
+                      f"μ={r['minibatch']}")
+  histograms.set_xlabel("staleness σ")
+  histograms.set_ylabel("gradients")
+  histograms.set_title(f"staleness histograms ({rows[0]['lr_policy']})")
+  histograms.legend(fontsize=7)
+  figure.tight_layout()
+  figure.savefig(os.path.join(out_dir, "sweep.png"), dpi=100)
+  pyplot.close(figure)
+
+
+def main(argv):
+  del argv
+  try:
+    points, skipped = grid(FLAGS.protocols, FLAGS.lr_policies,
+                           FLAGS.minibatches, FLAGS.learners)
+  except ValueError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  for protocol, policy, minibatch, num_learners, reason in skipped:
+    print(f"skipped {protocol}/{policy}/μ={minibatch}/λ={num_learners}: "
+          f"{reason}")
+  if not points:
+    print("error: no valid point in the grid", file=sys.stderr)
+    return 2
+  config = {"backend": FLAGS.backend, "model": FLAGS.model,
+            "dataset": FLAGS.dataset, "data_dir": FLAGS.data_dir,
+            "lr": FLAGS.lr, "epochs": FLAGS.epochs,
+            "steps_per_epoch": FLAGS.steps_per_epoch, "speed": FLAGS.speed,
+            "seed": FLAGS.seed}
+  rows = run_points(points, config, FLAGS.out_dir)
+  print(write_reports(rows, FLAGS.out_dir))
+  print(f"reports in {FLAGS.out_dir}: results.csv results.json table.md "
+        "sweep.png")
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)
