@@ -250,10 +250,13 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
       distribute_lib.InputContext(num_learners, learner), minibatch,
       seed=seed)) for learner in range(num_learners)]
   snapshots = {}
+  latest = {"timestamp": None, "weights": None}  # pulls of one version share
   steps = steps_per_epoch or data.train_size // minibatch
 
   def on_pull(learner):
-    snapshots[learner] = math.snapshot()
+    if latest["timestamp"] != server.timestamp:
+      latest.update(timestamp=server.timestamp, weights=math.snapshot())
+    snapshots[learner] = latest["weights"]
 
   def on_push(learner, weight):
     if weight is not None:
