@@ -89,6 +89,22 @@ class InMemoryImages:
                  num_parallel_calls=tf.data.AUTOTUNE)
             .prefetch(tf.data.AUTOTUNE))
 
+  def learner_batches(self, learner, num_learners, batch_size, seed=0):
+    """Endless numpy batches of a learner's shard (for the simulator).
+
+    The same shard as `learner_dataset` (every λ-th example from `learner`),
+    reshuffled each pass with a generator seeded by seed + learner.
+    """
+    indices = np.arange(learner, self.train_size, num_learners)
+    rng = np.random.default_rng(seed + learner)
+    while True:
+      order = rng.permutation(indices)
+      for start in range(0, len(order) - batch_size + 1, batch_size):
+        chosen = order[start:start + batch_size]
+        x = (self.x_train[chosen].astype(np.float32) - self.mean_image) * (
+            PIXEL_SCALE)
+        yield x, self.y_train[chosen]
+
   def test_dataset(self, batch_size):
     """The test split, in order, preprocessed (finite)."""
     return (tf.data.Dataset.from_tensor_slices((self.x_test, self.y_test))

@@ -167,50 +167,72 @@ class KerasModelMath:
   """The TensorFlow half of the simulator: snapshots, gradients, updates.
 
   `master` holds the parameter server's weights and the inner optimizer;
-  `worker` is where a learner's gradient is computed, on its snapshot.
+  `worker` is where gradients are computed, on a pulled snapshot.
+
+  One update applies (1/c)·Σ_l w_l·g_l. The gradient is linear in the loss,
+  so the learners that pulled the same version are computed in one call: the
+  gradient of Σ_l (w_l/μ_l)·Σ_{i in batch l} loss_i, plus (Σ_l w_l) times the
+  model's regularization losses, on their concatenated batches. (Models with
+  batch statistics, e.g. batch norm, then see the concatenated batch.)
   """
 
-  def __init__(self, model_fn, optimizer, loss):
+  def __init__(self, model_fn, optimizer):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    self._tf = tf
+    import tf_keras  # pylint: disable=g-import-not-at-top
     self.master = model_fn()
     self._worker = model_fn()
     self._optimizer = optimizer
-    self._loss = loss
-    variables = self.master.trainable_variables
-    self._optimizer.build(variables)
-    self._accumulators = [np.zeros(v.shape, v.dtype.as_numpy_dtype)
-                          for v in variables]
+    self._optimizer.build(self.master.trainable_variables)
 
     @tf.function(reduce_retracing=True)
-    def gradient(weights, x, y):
+    def weighted_gradient(weights, x, y, example_weights, total_weight):
       for variable, value in zip(self._worker.trainable_variables, weights):
         variable.assign(value)
       with tf.GradientTape() as tape:
-        loss = self._loss(y, self._worker(x, training=True))
+        per_example = tf_keras.losses.sparse_categorical_crossentropy(
+            y, self._worker(x, training=True))
+        loss = tf.reduce_sum(per_example * example_weights)
+        if self._worker.losses:
+          loss += total_weight * tf.add_n(self._worker.losses)
       return tape.gradient(loss, self._worker.trainable_variables)
 
     @tf.function(reduce_retracing=True)
-    def apply(mean_gradients, learning_rate):
+    def apply(summed_gradients, count, learning_rate):
       self._optimizer.learning_rate.assign(learning_rate)
       self._optimizer.apply_gradients(
-          zip(mean_gradients, self.master.trainable_variables))
+          [(g / count, v) for g, v in
+           zip(summed_gradients, self.master.trainable_variables)])
 
-    self._gradient, self._apply = gradient, apply
+    self._weighted_gradient, self._apply = weighted_gradient, apply
 
   def snapshot(self):
     return [v.numpy() for v in self.master.trainable_variables]
 
-  def accumulate(self, weight, snapshot, batch):
-    gradients = self._gradient(snapshot, *batch)
-    for accumulator, gradient in zip(self._accumulators, gradients):
-      accumulator += weight * gradient.numpy()
+  def update(self, groups, count, learning_rate):
+    """Applies (1/count)·Σ w·g; groups: [(snapshot, [(w, (x, y)), ...])]."""
+    summed = None
+    for snapshot, entries in groups:
+      x = np.concatenate([batch[0] for _, batch in entries])
+      y = np.concatenate([batch[1] for _, batch in entries])
+      example_weights = np.concatenate(
+          [np.full(len(batch[1]), weight / len(batch[1]), np.float32)
+           for weight, batch in entries])
+      total_weight = np.float32(sum(weight for weight, _ in entries))
+      gradients = self._weighted_gradient(snapshot, x, y, example_weights,
+                                          total_weight)
+      summed = gradients if summed is None else [
+          a + b for a, b in zip(summed, gradients)]
+    self._apply(summed, np.float32(count), np.float32(learning_rate))
 
-  def apply_mean(self, count, learning_rate):
-    self._apply([a / count for a in self._accumulators],
-                np.float32(learning_rate))
-    for accumulator in self._accumulators:
-      accumulator[...] = 0.0
+
+def _numpy_batches(data, learner, num_learners, minibatch, seed):
+  """The learner's batches as numpy (x, y): fast for in-memory data."""
+  if hasattr(data, "learner_batches"):
+    return data.learner_batches(learner, num_learners, minibatch, seed)
+  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+  dataset = data.learner_dataset(
+      distribute_lib.InputContext(num_learners, learner), minibatch, seed=seed)
+  return ((x.numpy(), y.numpy()) for x, y in dataset)
 
 
 def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
@@ -233,38 +255,42 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
     simulated_time (in units of one learner step), updates, gradients and
     the final weights.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
   tf_keras.utils.set_random_seed(seed)
   parsed = protocol_lib.parse_protocol(protocol, num_learners)
   server = ProtocolServer(parsed, lr_policy, max_staleness)
   multiplier = protocol_lib.learning_rate_multiplier(lr_policy, parsed)
   schedule = learning_rate if callable(learning_rate) else (
       lambda _: learning_rate)
-  math = KerasModelMath(
-      model_fn, tf_keras.optimizers.SGD(learning_rate=float(schedule(0)),
-                                        momentum=momentum),
-      tf_keras.losses.SparseCategoricalCrossentropy())
-  batches = [iter(data.learner_dataset(
-      distribute_lib.InputContext(num_learners, learner), minibatch,
-      seed=seed)) for learner in range(num_learners)]
-  snapshots = {}
-  latest = {"timestamp": None, "weights": None}  # pulls of one version share
+  math = KerasModelMath(model_fn, tf_keras.optimizers.SGD(
+      learning_rate=float(schedule(0)), momentum=momentum))
+  batches = [_numpy_batches(data, learner, num_learners, minibatch, seed)
+             for learner in range(num_learners)]
+  versions = {}        # timestamp -> weights, for versions still in use
+  version_of = {}      # learner -> the version it pulled
+  accepted = []        # (version, weight, batch) since the last update
   steps = steps_per_epoch or data.train_size // minibatch
 
   def on_pull(learner):
-    if latest["timestamp"] != server.timestamp:
-      latest.update(timestamp=server.timestamp, weights=math.snapshot())
-    snapshots[learner] = latest["weights"]
+    if server.timestamp not in versions:
+      versions[server.timestamp] = math.snapshot()
+    version_of[learner] = server.timestamp
 
   def on_push(learner, weight):
+    batch = next(batches[learner])  # a dropped gradient used its batch too
     if weight is not None:
-      math.accumulate(weight, snapshots[learner], next(batches[learner]))
+      accepted.append((version_of[learner], weight, batch))
 
   def on_update(timestamp):
-    math.apply_mean(parsed.gradients_per_update,
-                    schedule(timestamp) * multiplier)
+    groups = {}
+    for version, weight, batch in accepted:
+      groups.setdefault(version, []).append((weight, batch))
+    math.update([(versions[v], entries) for v, entries in groups.items()],
+                parsed.gradients_per_update,
+                schedule(timestamp) * multiplier)
+    accepted.clear()
+    for version in set(versions) - set(version_of.values()):
+      del versions[version]
 
   pushes = run_protocol(server, steps * epochs, speed, on_pull, on_push,
                         on_update)
@@ -276,7 +302,6 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
   if out:
     out(f"simulated {protocol} λ={num_learners} μ={minibatch} {lr_policy}: "
         f"test accuracy {test_accuracy:.4f}; {report.summary()}")
-  del tf
   return {"test_accuracy": float(test_accuracy),
           "test_loss": float(test_loss), "report": report,
           "simulated_time": pushes[-1][0] if pushes else 0.0,

@@ -89,7 +89,6 @@ def test_one_learner_async_simulation_equals_plain_sgd():
   import tf_keras  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
   from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
   data = datasets.load_synthetic(train_size=256, test_size=64,
                                  image_shape=(8, 8, 1), num_classes=4)
   model_fn = lambda: models.build_model("mlp", (8, 8, 1), 4, hidden=16)
@@ -101,11 +100,11 @@ def test_one_learner_async_simulation_equals_plain_sgd():
   reference = model_fn()
   model_fn()  # the simulator builds its worker copy second
   reference.compile(optimizer=tf_keras.optimizers.SGD(0.05, momentum=0.9),
-                    loss="sparse_categorical_crossentropy",
-                    metrics=["accuracy"])
-  reference.fit(data.learner_dataset(distribute_lib.InputContext(1, 0), 8,
-                                     seed=3),
-                steps_per_epoch=40, epochs=1, verbose=0)
+                    loss="sparse_categorical_crossentropy")
+  batches = data.learner_batches(0, 1, 8, seed=3)
+  x, y = (np.concatenate(part) for part in zip(
+      *[next(batches) for _ in range(40)]))
+  reference.fit(x, y, batch_size=8, shuffle=False, epochs=1, verbose=0)
   for simulated, plain in zip(result["weights"], reference.get_weights()):
     np.testing.assert_allclose(simulated, plain, rtol=1e-5, atol=1e-7)
   assert not np.allclose(result["weights"][0], model_fn().get_weights()[0])
@@ -127,3 +126,43 @@ def test_simulation_of_many_learners_trains():
   assert report.timestamp * 4 + report.pending == report.gradients
   assert 0 < report.mean < 8
   assert result["test_accuracy"] > 0.4  # 4 classes: chance is 0.25
+
+
+def test_numpy_learner_batches_cover_the_same_shard():
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  data = datasets.load_synthetic(train_size=60, test_size=6,
+                                 image_shape=(4, 4, 1), num_classes=3)
+  rows = lambda x: {tuple(r) for r in np.round(x.reshape(len(x), -1), 4)}
+  for learner in range(3):
+    batches = data.learner_batches(learner, 3, 5, seed=1)
+    seen = np.concatenate([next(batches)[0] for _ in range(4)])  # 20 = shard
+    shard = data.preprocess(data.x_train[learner::3]).numpy()
+    assert rows(seen) == rows(shard)
+
+
+def test_hardsync_simulation_equals_sgd_with_batch_mu_lambda():
+  # The paper: hardsync with λ learners is SGD with mini-batch μλ. Each
+  # round's λ gradients share one version, so the simulator computes them
+  # in one weighted call; plain SGD sees the λ batches concatenated.
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import models  # pylint: disable=g-import-not-at-top
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  data = datasets.load_synthetic(train_size=320, test_size=32,
+                                 image_shape=(8, 8, 1), num_classes=4)
+  model_fn = lambda: models.build_model("mlp", (8, 8, 1), 4, hidden=16)
+  result = simulate.simulate(model_fn, data, "hardsync", num_learners=4,
+                             minibatch=5, steps_per_epoch=48,
+                             learning_rate=0.1, seed=2)
+  assert result["updates"] == 12 and result["report"].max == 0
+  tf_keras.utils.set_random_seed(2)
+  reference = model_fn()
+  model_fn()
+  reference.compile(optimizer=tf_keras.optimizers.SGD(0.1, momentum=0.9),
+                    loss="sparse_categorical_crossentropy")
+  streams = [data.learner_batches(l, 4, 5, seed=2) for l in range(4)]
+  rounds = [[next(s) for s in streams] for _ in range(12)]
+  x = np.concatenate([b[0] for r in rounds for b in r])
+  y = np.concatenate([b[1] for r in rounds for b in r])
+  reference.fit(x, y, batch_size=20, shuffle=False, epochs=1, verbose=0)
+  for simulated, plain in zip(result["weights"], reference.get_weights()):
+    np.testing.assert_allclose(simulated, plain, rtol=1e-5, atol=1e-6)
