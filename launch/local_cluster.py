@@ -184,6 +184,3 @@ class LocalProcessCluster:
       except subprocess.TimeoutExpired:
         task.kill()
         task.process.wait()
-
-  def pids(self):
-    return [task.process.pid for task in self.tasks]

@@ -111,10 +111,6 @@ class InMemoryImages:
             .batch(batch_size)
             .map(lambda x, y: (self.preprocess(x), y)))
 
-  def test_arrays(self):
-    """The whole preprocessed test split as numpy (for exact evaluation)."""
-    return self.preprocess(self.x_test).numpy(), self.y_test
-
 
 # ---------------------------------------------------------------- IDX files
 def read_idx(path):

@@ -84,10 +84,6 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     self._accumulator_of = self._no_dependency(
         {id(v): a for v, a in zip(model_variables, self.accumulators)})
 
-  @property
-  def model_variables(self):
-    return list(self._model_variables)
-
   def owns(self, variable):
     return id(variable) in self._accumulator_of
 

@@ -16,6 +16,30 @@ def staleness(pushes):
   return [s for _, _, s in pushes]
 
 
+def tiny_problem(train_size):
+  """Synthetic 8x8 images in 4 classes, and a small MLP builder."""
+  import models  # pylint: disable=g-import-not-at-top
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  data = datasets.load_synthetic(train_size=train_size, test_size=32,
+                                 image_shape=(8, 8, 1), num_classes=4)
+  return data, lambda: models.build_model("mlp", (8, 8, 1), 4, hidden=16)
+
+
+def plain_sgd(model_fn, seed, learning_rate, x, y, batch_size):
+  """Plain tf_keras SGD(momentum 0.9) over x, y in order, initialized as the
+  simulator initializes its master model (the first model built)."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  tf_keras.utils.set_random_seed(seed)
+  reference = model_fn()
+  model_fn()  # the simulator builds its worker copy second
+  reference.compile(
+      optimizer=tf_keras.optimizers.SGD(learning_rate, momentum=0.9),
+      loss="sparse_categorical_crossentropy")
+  reference.fit(x, y, batch_size=batch_size, shuffle=False, epochs=1,
+                verbose=0)
+  return reference
+
+
 def test_two_softsync_trajectory_by_hand():
   # Worked out in simulate.py's docstring: versions 0,0,0,0 pulled at t=0;
   # pushes at t=1 have σ = 0,0,1,1; from t=2 on, σ = 2,1,2,1.
@@ -85,30 +109,18 @@ def test_speed_model_and_policy_validation():
 
 
 def test_one_learner_async_simulation_equals_plain_sgd():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  import models  # pylint: disable=g-import-not-at-top
-  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
-  data = datasets.load_synthetic(train_size=256, test_size=64,
-                                 image_shape=(8, 8, 1), num_classes=4)
-  model_fn = lambda: models.build_model("mlp", (8, 8, 1), 4, hidden=16)
+  data, model_fn = tiny_problem(train_size=256)
   result = simulate.simulate(model_fn, data, "async", num_learners=1,
                              minibatch=8, steps_per_epoch=40,
                              learning_rate=0.05, seed=3)
   assert result["updates"] == 40 and result["report"].max == 0
-  tf_keras.utils.set_random_seed(3)
-  reference = model_fn()
-  model_fn()  # the simulator builds its worker copy second
-  reference.compile(optimizer=tf_keras.optimizers.SGD(0.05, momentum=0.9),
-                    loss="sparse_categorical_crossentropy")
   batches = data.learner_batches(0, 1, 8, seed=3)
   x, y = (np.concatenate(part) for part in zip(
       *[next(batches) for _ in range(40)]))
-  reference.fit(x, y, batch_size=8, shuffle=False, epochs=1, verbose=0)
+  reference = plain_sgd(model_fn, 3, 0.05, x, y, batch_size=8)
   for simulated, plain in zip(result["weights"], reference.get_weights()):
     np.testing.assert_allclose(simulated, plain, rtol=1e-5, atol=1e-7)
   assert not np.allclose(result["weights"][0], model_fn().get_weights()[0])
-  del tf
 
 
 def test_simulation_of_many_learners_trains():
@@ -144,25 +156,15 @@ def test_hardsync_simulation_equals_sgd_with_batch_mu_lambda():
   # The paper: hardsync with λ learners is SGD with mini-batch μλ. Each
   # round's λ gradients share one version, so the simulator computes them
   # in one weighted call; plain SGD sees the λ batches concatenated.
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  import models  # pylint: disable=g-import-not-at-top
-  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
-  data = datasets.load_synthetic(train_size=320, test_size=32,
-                                 image_shape=(8, 8, 1), num_classes=4)
-  model_fn = lambda: models.build_model("mlp", (8, 8, 1), 4, hidden=16)
+  data, model_fn = tiny_problem(train_size=320)
   result = simulate.simulate(model_fn, data, "hardsync", num_learners=4,
                              minibatch=5, steps_per_epoch=48,
                              learning_rate=0.1, seed=2)
   assert result["updates"] == 12 and result["report"].max == 0
-  tf_keras.utils.set_random_seed(2)
-  reference = model_fn()
-  model_fn()
-  reference.compile(optimizer=tf_keras.optimizers.SGD(0.1, momentum=0.9),
-                    loss="sparse_categorical_crossentropy")
   streams = [data.learner_batches(l, 4, 5, seed=2) for l in range(4)]
   rounds = [[next(s) for s in streams] for _ in range(12)]
   x = np.concatenate([b[0] for r in rounds for b in r])
   y = np.concatenate([b[1] for r in rounds for b in r])
-  reference.fit(x, y, batch_size=20, shuffle=False, epochs=1, verbose=0)
+  reference = plain_sgd(model_fn, 2, 0.1, x, y, batch_size=20)
   for simulated, plain in zip(result["weights"], reference.get_weights()):
     np.testing.assert_allclose(simulated, plain, rtol=1e-5, atol=1e-6)
