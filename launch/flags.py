@@ -105,11 +105,12 @@ def resolve_minibatch(minibatch, global_batch, num_learners):
 def resolve_config(values, num_learners, num_ps):
   """Checks every flag; raises ValueError naming the bad value and the fix."""
   from models import MODEL_NAMES  # pylint: disable=g-import-not-at-top
-  from rudra_tf.datasets import DATASET_NAMES  # pylint: disable=g-import-not-at-top
+  from rudra_tf import dataset_sources  # pylint: disable=g-import-not-at-top
   _require(values.model in MODEL_NAMES, f"--model={values.model!r} is "
            f"unknown; valid models are {', '.join(MODEL_NAMES)}.")
-  _require(values.dataset in DATASET_NAMES, f"--dataset={values.dataset!r} "
-           f"is unknown; valid datasets are {', '.join(DATASET_NAMES)}.")
+  names = dataset_sources.DATASET_NAMES
+  _require(values.dataset in names, f"--dataset={values.dataset!r} "
+           f"is unknown; valid datasets are {', '.join(names)}.")
   _require(num_learners >= 1, f"--learners must be >= 1, got {num_learners}.")
   _require(num_ps >= 1, f"--ps_tasks must be >= 1, got {num_ps}.")
   protocol_lib.parse_protocol(values.protocol, num_learners)
@@ -127,9 +128,8 @@ def resolve_config(values, num_learners, num_ps):
   minibatch = resolve_minibatch(values.minibatch, values.global_batch,
                                 num_learners)
   if values.dataset == "fashion_mnist":
-    from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
-    directory = datasets.fashion_mnist_dir(values.data_dir)
-    missing = [f for f in datasets.FASHION_MNIST_FILES.values()
+    directory = dataset_sources.fashion_mnist_dir(values.data_dir)
+    missing = [f for f in dataset_sources.FASHION_MNIST_FILES.values()
                if not os.path.exists(os.path.join(directory, f))]
     _require(not missing, f"Fashion-MNIST files missing in {directory}: "
              f"{', '.join(missing)}; install them with `apt-get install "

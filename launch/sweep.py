@@ -13,6 +13,7 @@ results.json, table.md and the PNG plots from all finished points.
 """
 
 import csv
+import functools
 import itertools
 import json
 import os
@@ -75,10 +76,17 @@ def grid(protocols, lr_policies, minibatches, learners):
   return points, skipped
 
 
+@functools.lru_cache(maxsize=2)
+def _load_data(name, data_dir):
+  """Each data set is read once per sweep, not once per point."""
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  return datasets.load_dataset(name, data_dir)
+
+
 def run_simulated(point, config):
   import models  # pylint: disable=g-import-not-at-top
-  from rudra_tf import datasets, simulate  # pylint: disable=g-import-not-at-top
-  data = datasets.load_dataset(config["dataset"], config["data_dir"])
+  from rudra_tf import simulate  # pylint: disable=g-import-not-at-top
+  data = _load_data(config["dataset"], config["data_dir"])
   start = time.monotonic()
   result = simulate.simulate(
       lambda: models.build_model(config["model"], data.input_shape,

@@ -33,6 +33,7 @@ class ProgressCallback(tf_keras.callbacks.Callback):
     self._epochs = epochs
     self._out = out
     self.rows = []
+    self._last_report = None
     self._writer = None
     self._start = time.monotonic()
     if log_dir:
@@ -41,13 +42,15 @@ class ProgressCallback(tf_keras.callbacks.Callback):
 
   def on_epoch_begin(self, epoch, logs=None):
     self._epoch_start = time.monotonic()
-    self._report_before = self._strategy.staleness_report()
+    # After the first epoch, the previous epoch's closing report is current.
+    if self._last_report is None:
+      self._last_report = self._strategy.staleness_report()
 
   def on_epoch_end(self, epoch, logs=None):
     logs = logs or {}
     seconds = time.monotonic() - self._epoch_start
     report = self._strategy.staleness_report()
-    before = self._report_before
+    before, self._last_report = self._last_report, report
     updates = report.timestamp - before.timestamp
     gradients = report.gradients - before.gradients
     mean, largest = histogram_delta_stats(before.histogram, report.histogram)

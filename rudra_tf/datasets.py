@@ -24,15 +24,11 @@ import struct
 import numpy as np
 import tensorflow as tf
 
-FASHION_MNIST_ENV = "RUDRA_FASHION_MNIST_DIR"
-FASHION_MNIST_DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
-FASHION_MNIST_FILES = {
-    "x_train": "train-images-idx3-ubyte.gz",
-    "y_train": "train-labels-idx1-ubyte.gz",
-    "x_test": "t10k-images-idx3-ubyte.gz",
-    "y_test": "t10k-labels-idx1-ubyte.gz",
-}
-DATASET_NAMES = ("cifar10", "fashion_mnist", "imagenet2012", "synthetic")
+from rudra_tf.dataset_sources import DATASET_NAMES  # pylint: disable=unused-import
+from rudra_tf.dataset_sources import FASHION_MNIST_ENV
+from rudra_tf.dataset_sources import FASHION_MNIST_FILES
+from rudra_tf.dataset_sources import fashion_mnist_dir
+
 PIXEL_SCALE = 1.0 / 255.0
 # ImageNet: Caffe resizes to 256x256 and crops 227x227; the per-pixel mean is
 # estimated from this many training images (a full pass is hours).
@@ -127,11 +123,6 @@ def read_idx(path):
     raise ValueError(f"{path}: header says {shape} but holds {array.size} "
                      "values (truncated file?).")
   return array.reshape(shape)
-
-
-def fashion_mnist_dir(data_dir=None):
-  return (data_dir or os.environ.get(FASHION_MNIST_ENV)
-          or FASHION_MNIST_DEFAULT_DIR)
 
 
 def load_fashion_mnist(data_dir=None):

@@ -281,3 +281,18 @@ def test_checkpoint_dir_resumes_where_the_last_run_stopped(tmp_path):
   # The protocol state came back: counts continue from the first run.
   assert saved["gradients"] == 24 and saved["updates"] == 24
   assert sum(saved["staleness_histogram"]) == 24
+
+
+def test_flag_validation_does_not_import_tensorflow():
+  # The launcher supervises the tasks; it stays light and validates flags
+  # (data files included) before anything imports TensorFlow.
+  code = ("import sys, types; from launch import flags as f; "
+          "v = types.SimpleNamespace(**%r); f.resolve_config(v, 2, 1); "
+          "print('tensorflow' in sys.modules)") % dict(
+              vars(flag_values(dataset="fashion_mnist")))
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
+                       capture_output=True, env=dict(os.environ,
+                                                     PYTHONPATH=REPO),
+                       timeout=60)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == "False"

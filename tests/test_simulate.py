@@ -40,6 +40,11 @@ def plain_sgd(model_fn, seed, learning_rate, x, y, batch_size):
   return reference
 
 
+def assert_same_weights(simulated_weights, reference, atol):
+  for simulated, plain in zip(simulated_weights, reference.get_weights()):
+    np.testing.assert_allclose(simulated, plain, rtol=1e-5, atol=atol)
+
+
 def test_two_softsync_trajectory_by_hand():
   # Worked out in simulate.py's docstring: versions 0,0,0,0 pulled at t=0;
   # pushes at t=1 have σ = 0,0,1,1; from t=2 on, σ = 2,1,2,1.
@@ -118,8 +123,7 @@ def test_one_learner_async_simulation_equals_plain_sgd():
   x, y = (np.concatenate(part) for part in zip(
       *[next(batches) for _ in range(40)]))
   reference = plain_sgd(model_fn, 3, 0.05, x, y, batch_size=8)
-  for simulated, plain in zip(result["weights"], reference.get_weights()):
-    np.testing.assert_allclose(simulated, plain, rtol=1e-5, atol=1e-7)
+  assert_same_weights(result["weights"], reference, atol=1e-7)
   assert not np.allclose(result["weights"][0], model_fn().get_weights()[0])
 
 
@@ -166,5 +170,4 @@ def test_hardsync_simulation_equals_sgd_with_batch_mu_lambda():
   x = np.concatenate([b[0] for r in rounds for b in r])
   y = np.concatenate([b[1] for r in rounds for b in r])
   reference = plain_sgd(model_fn, 2, 0.1, x, y, batch_size=20)
-  for simulated, plain in zip(result["weights"], reference.get_weights()):
-    np.testing.assert_allclose(simulated, plain, rtol=1e-5, atol=1e-6)
+  assert_same_weights(result["weights"], reference, atol=1e-6)
