@@ -48,6 +48,11 @@ def define_flags():
   flags.DEFINE_integer("seed", 0, "Seed of the initial weights and shuffles.")
   flags.DEFINE_integer("gpus", 0, "GPUs on this machine: each learner gets "
                        "one, round-robin (0: leave devices as they are).")
+  flags.DEFINE_list("emulated_step_ms", [], "Emulated compute time per "
+                    "learner step, in ms: one value for every learner or one "
+                    "per learner (a straggler: 400,100,100,100). Learners "
+                    "sleep instead of using CPU, so a machine with fewer "
+                    "cores than learners can study equal or unequal speeds.")
   flags.DEFINE_integer("steps_per_execution", 1, "Gradients per scheduled "
                        "closure on a learner (amortizes scheduling).")
 
@@ -75,6 +80,12 @@ class TrainConfig:
   seed: int
   gpus: int
   steps_per_execution: int
+  emulated_step_ms: tuple = ()  # one value per learner, or ()
+
+  def learner_step_time_s(self, learner):
+    """The emulated compute time of `learner`'s steps, in seconds."""
+    return self.emulated_step_ms[learner] / 1000 if self.emulated_step_ms \
+        else 0.0
 
   def as_dict(self):
     return dataclasses.asdict(self)
@@ -100,6 +111,23 @@ def resolve_minibatch(minibatch, global_batch, num_learners):
            f"{global_batch} with λ={num_learners} (μ would be {derived}); "
            "give only one of them.")
   return derived
+
+
+def resolve_step_times(values_ms, num_learners):
+  """--emulated_step_ms as one float per learner (or () when not given)."""
+  if not values_ms:
+    return ()
+  try:
+    times = [float(v) for v in values_ms]
+  except ValueError:
+    raise ValueError(f"--emulated_step_ms={','.join(values_ms)} must be "
+                     "numbers (milliseconds).") from None
+  _require(len(times) in (1, num_learners),
+           f"--emulated_step_ms has {len(times)} values; give one for every "
+           f"learner or one per learner (λ={num_learners}).")
+  _require(all(t >= 0 for t in times), "--emulated_step_ms values must be "
+           f">= 0, got {','.join(values_ms)}.")
+  return tuple(times * num_learners if len(times) == 1 else times)
 
 
 def resolve_config(values, num_learners, num_ps):
@@ -143,7 +171,9 @@ def resolve_config(values, num_learners, num_ps):
       max_staleness=values.max_staleness,
       checkpoint_dir=values.checkpoint_dir, log_dir=values.log_dir or None,
       results=values.results, seed=values.seed, gpus=values.gpus,
-      steps_per_execution=values.steps_per_execution)
+      steps_per_execution=values.steps_per_execution,
+      emulated_step_ms=resolve_step_times(
+          values.emulated_step_ms, num_learners))
 
 
 @dataclasses.dataclass(frozen=True)

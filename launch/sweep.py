@@ -42,37 +42,56 @@ flags.DEFINE_integer("steps_per_epoch", None, "Gradients per epoch "
                      "(default: one pass, train size / μ).")
 flags.DEFINE_enum("speed", "equal", ["equal", "random", "straggler"],
                   "Learner-speed model (simulator).")
-flags.DEFINE_integer("seed", 0, "Seed.")
+flags.DEFINE_list("emulated_step_ms", [], "Per-learner compute time in ms "
+                  "(one value, or one per learner with learner 0 the "
+                  "straggler): the cluster backend's learners sleep that "
+                  "long per step (launch/train.py --emulated_step_ms) and "
+                  "the simulator uses the same speeds instead of --speed.")
+flags.DEFINE_float("jitter", 0.5, "Simulator, --speed=random: step times are "
+                   "uniform in [1 - jitter, 1 + jitter].")
+flags.DEFINE_float("gap", 0.0, "Simulator: time from a learner's push to its "
+                   "next pull, in units of a step (a cluster's scheduling "
+                   "gap; about 0 with --steps_per_execution > 1).")
+flags.DEFINE_integer("steps_per_execution", 1, "Cluster backend: gradients "
+                     "per scheduled closure (launch/train.py's flag).")
+flags.DEFINE_list("seeds", ["0"], "Seeds (each point runs once per seed; "
+                  "the table gives the mean and the range over seeds).")
 flags.DEFINE_string("out_dir", "runs/sweep", "Where points and reports go.")
 FLAGS = flags.FLAGS
 
-COLUMNS = ("protocol", "lr_policy", "minibatch", "learners", "n",
+COLUMNS = ("protocol", "lr_policy", "minibatch", "learners", "n", "seed",
            "test_error", "test_accuracy", "wall_time_s", "updates",
-           "gradients", "staleness_mean", "staleness_max", "backend")
+           "gradients", "staleness_mean", "staleness_max", "simulated_time",
+           "backend")
 
 
 def point_key(point):
   return (f"{point['protocol']}__{point['lr_policy']}__mu{point['minibatch']}"
-          f"__lambda{point['learners']}")
+          f"__lambda{point['learners']}__seed{point['seed']}")
 
 
-def grid(protocols, lr_policies, minibatches, learners):
+def grid(protocols, lr_policies, minibatches, learners, seeds=("0",)):
   """The valid points, and the skipped ones with the reason."""
   points, skipped = [], []
-  for protocol, policy, minibatch, num_learners in itertools.product(
-      protocols, lr_policies, minibatches, learners):
+  for protocol, policy, minibatch, num_learners, seed in itertools.product(
+      protocols, lr_policies, minibatches, learners, seeds):
     protocol_lib.validate_lr_policy(policy)
+    if not str(seed).isdigit():
+      raise ValueError(f"seeds must be integers >= 0, got {seed!r}.")
     if int(minibatch) < 1 or int(num_learners) < 1:
       raise ValueError(f"μ and λ must be >= 1, got {minibatch}, "
                        f"{num_learners}.")
     try:
       parsed = protocol_lib.parse_protocol(protocol, int(num_learners))
     except ValueError as error:
-      skipped.append((protocol, policy, minibatch, num_learners, str(error)))
+      reason = (protocol, policy, minibatch, num_learners, str(error))
+      if reason not in skipped:  # once, not once per seed
+        skipped.append(reason)
       continue
     points.append({"protocol": parsed.name, "lr_policy": policy,
                    "minibatch": int(minibatch),
-                   "learners": int(num_learners), "n": parsed.n})
+                   "learners": int(num_learners), "n": parsed.n,
+                   "seed": int(seed)})
   return points, skipped
 
 
@@ -94,8 +113,8 @@ def run_simulated(point, config):
       data, point["protocol"], point["learners"], point["minibatch"],
       epochs=config["epochs"], steps_per_epoch=config["steps_per_epoch"],
       learning_rate=config["lr"], lr_policy=point["lr_policy"],
-      speed=simulate.SpeedModel(config["speed"], seed=config["seed"]),
-      seed=config["seed"])
+      speed=speed_model(config, point),
+      seed=point["seed"])
   report = result["report"]
   last = int(max([i for i, v in enumerate(report.histogram) if v] or [0]))
   return {"test_accuracy": result["test_accuracy"],
@@ -106,6 +125,23 @@ def run_simulated(point, config):
           "staleness_histogram": report.histogram[:last + 1].tolist()}
 
 
+def speed_model(config, point):
+  """The simulator's speeds: --emulated_step_ms if given, else --speed."""
+  from rudra_tf import simulate  # pylint: disable=g-import-not-at-top
+  times = config.get("emulated_step_ms")
+  if times:
+    times = [float(t) for t in times] * (
+        point["learners"] if len(times) == 1 else 1)
+    if len(times) != point["learners"]:
+      raise ValueError(f"--emulated_step_ms has {len(times)} values for "
+                       f"λ={point['learners']} learners; give one or λ.")
+    return simulate.SpeedModel.from_step_times(times, seed=point["seed"],
+                                               gap=config.get("gap", 0.0))
+  return simulate.SpeedModel(config["speed"], seed=point["seed"],
+                             jitter=config.get("jitter", 0.5),
+                             gap=config.get("gap", 0.0))
+
+
 def run_on_cluster(point, config, results_path):
   command = [sys.executable, "-m", "launch.train",
              f"--model={config['model']}", f"--dataset={config['dataset']}",
@@ -113,10 +149,14 @@ def run_on_cluster(point, config, results_path):
              f"--lr_policy={point['lr_policy']}", f"--lr={config['lr']}",
              f"--learners={point['learners']}",
              f"--minibatch={point['minibatch']}",
-             f"--epochs={config['epochs']}", f"--seed={config['seed']}",
-             f"--results={results_path}"]
+             f"--epochs={config['epochs']}", f"--seed={point['seed']}",
+             f"--results={results_path}",
+             f"--steps_per_execution={config.get('steps_per_execution', 1)}"]
   if config["steps_per_epoch"]:
     command.append(f"--steps_per_epoch={config['steps_per_epoch']}")
+  if config.get("emulated_step_ms"):
+    command.append("--emulated_step_ms=" + ",".join(
+        str(t) for t in config["emulated_step_ms"]))
   if config["data_dir"]:
     command.append(f"--data_dir={config['data_dir']}")
   subprocess.run(command, check=True)
@@ -162,25 +202,53 @@ def write_reports(rows, out_dir):
     writer = csv.DictWriter(stream, COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-  lines = ["| protocol | n | lr_policy | μ | λ | μλ | test error | "
-           "staleness mean | max | updates | wall time (s) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-  for row in sorted(rows, key=lambda r: (r["learners"], r["minibatch"],
-                                         r["lr_policy"], r["n"])):
-    lines.append(
-        f"| {row['protocol']} | {row['n']} | {row['lr_policy']} | "
-        f"{row['minibatch']} | {row['learners']} | "
-        f"{row['minibatch'] * row['learners']} | {row['test_error']:.4f} | "
-        f"{row['staleness_mean']:.2f} | {row['staleness_max']} | "
-        f"{row['updates']} | {row['wall_time_s']:.1f} |")
-  table = "\n".join(lines) + "\n"
+  table = markdown_table(rows)
   with open(os.path.join(out_dir, "table.md"), "w") as stream:
     stream.write(table)
   plot_reports(rows, out_dir)
   return table
 
 
+def average_over_seeds(rows):
+  """One row per point: the mean over its seeds, with the error range."""
+  groups = {}
+  for row in rows:
+    groups.setdefault((row["learners"], row["minibatch"], row["lr_policy"],
+                       row["n"], row["protocol"]), []).append(row)
+  averaged = []
+  for key in sorted(groups):
+    runs = groups[key]
+    errors = [r["test_error"] for r in runs]
+    mean = lambda name: sum(r[name] for r in runs) / len(runs)  # pylint: disable=cell-var-from-loop
+    averaged.append({
+        **runs[0], "seeds": len(runs), "test_error": mean("test_error"),
+        "test_error_min": min(errors), "test_error_max": max(errors),
+        "staleness_mean": mean("staleness_mean"),
+        "staleness_max": max(r["staleness_max"] for r in runs),
+        "updates": mean("updates"), "wall_time_s": mean("wall_time_s")})
+  return averaged
+
+
+def markdown_table(rows):
+  """One line per point, averaged over its seeds (error range in brackets)."""
+  lines = ["| protocol | n | lr_policy | μ | λ | μλ | seeds | test error | "
+           "staleness mean | max | updates | wall time (s) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for row in average_over_seeds(rows):
+    error = f"{row['test_error']:.4f}"
+    if row["seeds"] > 1:
+      error += f" ({row['test_error_min']:.4f}–{row['test_error_max']:.4f})"
+    lines.append(
+        f"| {row['protocol']} | {row['n']} | {row['lr_policy']} | "
+        f"{row['minibatch']} | {row['learners']} | "
+        f"{row['minibatch'] * row['learners']} | {row['seeds']} | {error} | "
+        f"{row['staleness_mean']:.2f} | {row['staleness_max']} | "
+        f"{row['updates']:.0f} | {row['wall_time_s']:.1f} |")
+  return "\n".join(lines) + "\n"
+
+
 def plot_reports(rows, out_dir):
+  rows = average_over_seeds(rows)
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
@@ -239,7 +307,7 @@ def main(argv):
   del argv
   try:
     points, skipped = grid(FLAGS.protocols, FLAGS.lr_policies,
-                           FLAGS.minibatches, FLAGS.learners)
+                           FLAGS.minibatches, FLAGS.learners, FLAGS.seeds)
   except ValueError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
@@ -253,7 +321,9 @@ def main(argv):
             "dataset": FLAGS.dataset, "data_dir": FLAGS.data_dir,
             "lr": FLAGS.lr, "epochs": FLAGS.epochs,
             "steps_per_epoch": FLAGS.steps_per_epoch, "speed": FLAGS.speed,
-            "seed": FLAGS.seed}
+            "emulated_step_ms": FLAGS.emulated_step_ms, "gap": FLAGS.gap,
+            "jitter": FLAGS.jitter,
+            "steps_per_execution": FLAGS.steps_per_execution}
   rows = run_points(points, config, FLAGS.out_dir)
   print(write_reports(rows, FLAGS.out_dir))
   print(f"reports in {FLAGS.out_dir}: results.csv results.json table.md "

@@ -158,8 +158,9 @@ def run_chief(config, spec):
       strategy, config.minibatch, config.epochs, log_dir=config.log_dir,
       out=lambda line: print(line, flush=True))
   creator = tf_keras.utils.experimental.DatasetCreator(
-      lambda context: data.learner_dataset(context, config.minibatch,
-                                           seed=config.seed))
+      lambda context: datasets.with_step_time(
+          data.learner_dataset(context, config.minibatch, seed=config.seed),
+          config.learner_step_time_s(context.input_pipeline_id)))
   start = time.monotonic()
   model.fit(creator, epochs=config.epochs, initial_epoch=initial_epoch,
             steps_per_epoch=steps_per_epoch, verbose=0,

@@ -23,6 +23,7 @@ import struct
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.data.experimental.ops import testing as tf_data_testing
 
 from rudra_tf.dataset_sources import DATASET_NAMES  # pylint: disable=unused-import
 from rudra_tf.dataset_sources import FASHION_MNIST_ENV
@@ -35,6 +36,23 @@ PIXEL_SCALE = 1.0 / 255.0
 IMAGENET_RESIZE = 256
 IMAGENET_CROP = 227
 IMAGENET_MEAN_SAMPLES = 10000
+
+
+def with_step_time(dataset, seconds):
+  """Each batch of `dataset` is handed out `seconds` late: emulated compute.
+
+  For studies and benchmarks on a machine with fewer cores than learners:
+  a sleeping learner uses no CPU, so λ learners with the same step time
+  really run at equal speeds (and one with a longer time is a straggler).
+  The sleep comes after `prefetch`, so it is paid inside the learner's step,
+  between its pull and its push, instead of overlapping the step.
+  (TensorFlow's SleepDataset op; its Python wrapper is private.)
+  """
+  if seconds < 0:
+    raise ValueError(f"step time must be >= 0 seconds, got {seconds}.")
+  if seconds == 0:
+    return dataset
+  return dataset.apply(tf_data_testing.sleep(int(round(seconds * 1e6))))
 
 
 @dataclasses.dataclass

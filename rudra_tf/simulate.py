@@ -37,11 +37,17 @@ class SpeedModel:
   * "equal": every step takes 1.
   * "random": each step takes a uniform draw in [1 - jitter, 1 + jitter].
   * "straggler": learner 0 takes `straggler_factor`, the others 1.
+
+  `gap` is the time from a learner's push to its next pull (on a cluster:
+  the closure returning to the coordinator and the next one being scheduled;
+  `steps_per_execution` > 1 removes it for all but one step in k). During the
+  gap the learner holds no weights, so a gap lowers staleness.
   """
   kind: str = "equal"
   jitter: float = 0.5
   straggler_factor: float = 4.0
   seed: int = 0
+  gap: float = 0.0
 
   def __post_init__(self):
     if self.kind not in SPEED_MODELS:
@@ -49,9 +55,31 @@ class SpeedModel:
                        f"{', '.join(SPEED_MODELS)}.")
     if not 0 <= self.jitter < 1:
       raise ValueError(f"jitter must be in [0, 1), got {self.jitter}.")
+    if self.gap < 0:
+      raise ValueError(f"gap must be >= 0, got {self.gap}.")
     if self.straggler_factor < 1:
       raise ValueError("straggler_factor must be >= 1, got "
                        f"{self.straggler_factor}.")
+
+  @classmethod
+  def from_step_times(cls, step_times, seed=0, gap=0.0):
+    """The model of per-learner step times (e.g. a cluster's emulated ones).
+
+    Equal times give "equal"; a longer time for learner 0 and equal times for
+    the others give "straggler" with their ratio. Time is measured in units of
+    the (other) learners' step.
+    """
+    times = [float(t) for t in step_times]
+    if not times or min(times) <= 0:
+      raise ValueError(f"step times must be > 0, got {step_times}.")
+    if len(set(times)) == 1:
+      return cls("equal", seed=seed, gap=gap)
+    if len(times) > 1 and len(set(times[1:])) == 1 and times[0] > times[1]:
+      return cls("straggler", straggler_factor=times[0] / times[1], seed=seed,
+                 gap=gap)
+    raise ValueError(
+        f"step times {step_times} are neither equal nor one straggler "
+        "(learner 0 slower, the others equal); the simulator models those.")
 
   def step_time(self, learner, rng):
     if self.kind == "random":
@@ -129,26 +157,34 @@ def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
   """
   rng = np.random.default_rng(speed.seed)
   num_learners = server.protocol.num_learners
-  running, waiting, pulled = [], collections.deque(), {}
+  # Events (time, sequence, learner, is_pull): a push ends a learner's step;
+  # with a gap, a pull event starts its next one. Equal times go in the
+  # order they were scheduled.
+  events, waiting, pulled = [], collections.deque(), {}
   sequence = 0
   pushes = []
 
-  def start(learner, now):
+  def schedule(time, learner, is_pull):
     nonlocal sequence
+    sequence += 1
+    heapq.heappush(events, (time, sequence, learner, is_pull))
+
+  def start(learner, now):
     if not server.can_pull():
       waiting.append(learner)
       return
     pulled[learner] = server.pull()
     if on_pull:
       on_pull(learner)
-    sequence += 1
-    heapq.heappush(running, (now + speed.step_time(learner, rng), sequence,
-                             learner))
+    schedule(now + speed.step_time(learner, rng), learner, False)
 
   for learner in range(num_learners):
     start(learner, 0.0)
   while len(pushes) < num_gradients:
-    now, _, learner = heapq.heappop(running)
+    now, _, learner, is_pull = heapq.heappop(events)
+    if is_pull:
+      start(learner, now)
+      continue
     weight, staleness = server.push(pulled[learner])
     if on_push:
       on_push(learner, weight)
@@ -159,7 +195,10 @@ def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
       server.complete_update()
       while waiting and server.can_pull():
         start(waiting.popleft(), now)
-    start(learner, now)
+    if speed.gap:
+      schedule(now + speed.gap, learner, True)
+    else:
+      start(learner, now)
   return pushes
 
 

@@ -27,7 +27,7 @@ def flag_values(**overrides):
                 lr_policy="divide_by_n", minibatch=None, global_batch=None,
                 epochs=1, steps_per_epoch=None, max_staleness=None,
                 checkpoint_dir=None, log_dir=None, results=None, seed=0,
-                gpus=0, steps_per_execution=1)
+                gpus=0, steps_per_execution=1, emulated_step_ms=[])
   values.update(overrides)
   return types.SimpleNamespace(**values)
 
@@ -49,11 +49,28 @@ def flag_values(**overrides):
     (dict(minibatch=0), 4, 1, "--minibatch must be >= 1"),
     (dict(dataset="fashion_mnist", data_dir="/nonexistent"), 4, 1,
      "apt-get install dataset-fashion-mnist"),
+    (dict(emulated_step_ms=["100", "100"]), 4, 1,
+     "--emulated_step_ms has 2 values; give one for every learner or one per"
+     " learner (λ=4)"),
+    (dict(emulated_step_ms=["-5"]), 4, 1, "values must be >= 0, got -5"),
+    (dict(emulated_step_ms=["fast"]), 4, 1, "must be numbers"),
 ])
 def test_bad_flags_are_refused(overrides, learners, ps, fragment):
   with pytest.raises(ValueError) as error:
     launch_flags.resolve_config(flag_values(**overrides), learners, ps)
   assert fragment in str(error.value)
+
+
+def test_emulated_step_times_per_learner():
+  config = launch_flags.resolve_config(
+      flag_values(emulated_step_ms=["150"]), 3, 1)
+  assert config.emulated_step_ms == (150.0, 150.0, 150.0)
+  config = launch_flags.resolve_config(
+      flag_values(emulated_step_ms=["600", "150", "150"]), 3, 1)
+  assert [config.learner_step_time_s(i) for i in range(3)] == [
+      0.6, 0.15, 0.15]
+  assert launch_flags.resolve_config(
+      flag_values(), 3, 1).learner_step_time_s(2) == 0.0
 
 
 def test_global_batch_sets_mu_per_learner():

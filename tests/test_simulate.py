@@ -68,12 +68,37 @@ def test_async_staleness_settles_at_lambda_minus_one():
   assert staleness(pushes) == [0, 1, 2, 3] + [3] * 8
 
 
+def test_a_gap_between_push_and_pull_lowers_staleness():
+  # async, λ = 2, steps of 1 and a gap of 0.5 after each push. Both pull v0
+  # at t=0; at t=1 learner 0 pushes (σ=0, v1), learner 1 (σ=1, v2); both
+  # pull v2 at t=1.5 and push at t=2.5 with σ = 0 and 1 again. Without the
+  # gap learner 0 pulls v1 at t=1 and every later push has σ = 1.
+  gapped = simulate.run_protocol(server("async", 2), 6,
+                                 simulate.SpeedModel(gap=0.5))
+  assert staleness(gapped) == [0, 1] * 3
+  assert [t for t, _, _ in gapped] == [1.0, 1.0, 2.5, 2.5, 4.0, 4.0]
+  assert staleness(simulate.run_protocol(server("async", 2), 6)) == [
+      0, 1, 1, 1, 1, 1]
+
+
+def test_speed_model_from_step_times():
+  assert simulate.SpeedModel.from_step_times([100, 100, 100]).kind == "equal"
+  straggler = simulate.SpeedModel.from_step_times([400, 100, 100], gap=0.1)
+  assert (straggler.kind, straggler.straggler_factor, straggler.gap) == (
+      "straggler", 4.0, 0.1)
+  with pytest.raises(ValueError, match="neither equal nor one straggler"):
+    simulate.SpeedModel.from_step_times([100, 200, 300])
+  with pytest.raises(ValueError, match="must be > 0"):
+    simulate.SpeedModel.from_step_times([0, 100])
+
+
 @pytest.mark.parametrize("protocol,num_learners", [
     ("hardsync", 4), ("1-softsync", 4), ("2-softsync", 5), ("async", 3)])
 @pytest.mark.parametrize("seed", range(4))
 def test_invariants_under_random_speeds(protocol, num_learners, seed):
   ps = server(protocol, num_learners, max_staleness=3)
-  speed = simulate.SpeedModel("random", jitter=0.9, seed=seed)
+  speed = simulate.SpeedModel("random", jitter=0.9, seed=seed,
+                              gap=0.3 * (seed % 2))
   simulate.run_protocol(ps, 157, speed)
   c = ps.protocol.gradients_per_update
   assert ps.timestamp * c + ps.pending == ps.received - ps.dropped
@@ -109,6 +134,8 @@ def test_speed_model_and_policy_validation():
     simulate.SpeedModel("random", jitter=1.5)
   with pytest.raises(ValueError, match="straggler_factor"):
     simulate.SpeedModel("straggler", straggler_factor=0.5)
+  with pytest.raises(ValueError, match="gap must be >= 0"):
+    simulate.SpeedModel(gap=-1)
   with pytest.raises(ValueError, match="lr_policy"):
     server("async", 2, lr_policy="half")
 

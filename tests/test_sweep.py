@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_grid_skips_points_whose_n_exceeds_lambda():
   points, skipped = sweep.grid(["hardsync", "3-softsync", "async"],
                                ["none"], ["4"], ["2", "4"])
-  keys = [sweep.point_key(p) for p in points]
+  keys = [sweep.point_key(p).rsplit("__seed0", 1)[0] for p in points]
   assert keys == ["hardsync__none__mu4__lambda2",
                   "hardsync__none__mu4__lambda4",
                   "3-softsync__none__mu4__lambda4",
@@ -26,6 +26,27 @@ def test_grid_skips_points_whose_n_exceeds_lambda():
   assert [p["n"] for p in points] == [1, 1, 3, 2, 4]
   with pytest.raises(ValueError, match="lr_policy"):
     sweep.grid(["async"], ["half"], ["4"], ["2"])
+
+
+def test_grid_runs_each_point_once_per_seed():
+  points, skipped = sweep.grid(["async", "3-softsync"], ["none"], ["4"],
+                               ["2"], seeds=["0", "5"])
+  assert [sweep.point_key(p) for p in points] == [
+      "async__none__mu4__lambda2__seed0", "async__none__mu4__lambda2__seed5"]
+  assert len(skipped) == 1  # 3-softsync at λ=2, reported once
+  with pytest.raises(ValueError, match="seeds must be integers"):
+    sweep.grid(["async"], ["none"], ["4"], ["2"], seeds=["x"])
+
+
+def test_table_averages_over_seeds():
+  row = {"protocol": "async", "n": 2, "lr_policy": "none", "minibatch": 4,
+         "learners": 2, "staleness_max": 1, "updates": 10, "wall_time_s": 1.0}
+  rows = [dict(row, seed=0, test_error=0.2, staleness_mean=0.5),
+          dict(row, seed=1, test_error=0.3, staleness_mean=1.0,
+               staleness_max=3, wall_time_s=2.0)]
+  line = sweep.markdown_table(rows).splitlines()[2]
+  assert line == ("| async | 2 | none | 4 | 2 | 8 | 2 | 0.2500 "
+                  "(0.2000–0.3000) | 0.75 | 3 | 10 | 1.5 |")
 
 
 def run_sweep(out_dir):

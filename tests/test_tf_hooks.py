@@ -6,6 +6,8 @@ these, this file fails first and names which.
 
 import inspect
 
+import pytest
+
 import tensorflow as tf
 import tf_keras
 from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
@@ -97,3 +99,24 @@ def test_coordinator_hooks_for_per_learner_datasets():
   assert list(inspect.signature(
       input_util.get_distributed_datasets_from_function).parameters)[:4] == [
           "dataset_fn", "input_workers", "input_contexts", "strategy"]
+
+
+def test_sleep_dataset_hook_delays_each_element():
+  # datasets.with_step_time emulates compute with TensorFlow's SleepDataset,
+  # whose Python wrapper is private. A sleep only lengthens a run: the lower
+  # bound below is deterministic.
+  import time  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  delayed = datasets.with_step_time(tf.data.Dataset.range(4).prefetch(2),
+                                    0.05)
+  from tensorflow.python.data.experimental.ops import testing  # pylint: disable=g-import-not-at-top
+  assert list(inspect.signature(testing.sleep).parameters) == [
+      "sleep_microseconds"]
+  start = time.monotonic()
+  assert list(delayed.as_numpy_iterator()) == [0, 1, 2, 3]
+  assert time.monotonic() - start >= 4 * 0.05
+  undelayed = tf.data.Dataset.range(2)
+  assert datasets.with_step_time(undelayed, 0) is undelayed
+  with pytest.raises(ValueError, match="must be >= 0 seconds, got -1"):
+    datasets.with_step_time(undelayed, -1)

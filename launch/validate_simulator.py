@@ -1,0 +1,117 @@
+r"""Runs the same points on a real local cluster and in the simulator, side by side.
+
+  python -m launch.validate_simulator --learners=4 --minibatches=32 \
+      --protocols=hardsync,1-softsync,2-softsync,async --epochs=1 \
+      --emulated_step_ms=100 --out_dir=runs/validation
+
+Learners sleep --emulated_step_ms per step on the cluster (so that λ
+learners can run at equal speeds, or with one straggler, on a machine with
+fewer cores than learners) and the simulator uses the same speeds (without
+--emulated_step_ms: the cluster's own speeds against the simulator's
+--speed model). The grid flags are launch/sweep.py's. For each
+protocol it prints the staleness histograms, their total-variation distance
+(half the L1 distance of the normalized histograms: 0 is identical, 1
+disjoint), the mean staleness and the final test accuracy of both, and writes
+OUT_DIR/validation.md and validation.json. Points already finished in
+OUT_DIR/cluster or OUT_DIR/simulator are not rerun.
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from launch import sweep
+
+FLAGS = flags.FLAGS  # launch/sweep.py's flags (--backend is not used)
+
+
+def total_variation(first, second):
+  """Half the L1 distance between two normalized histograms."""
+  size = max(len(first), len(second))
+  first = list(first) + [0] * (size - len(first))
+  second = list(second) + [0] * (size - len(second))
+  total_first, total_second = sum(first), sum(second)
+  if not total_first or not total_second:
+    raise ValueError("cannot compare an empty histogram")
+  return 0.5 * sum(abs(a / total_first - b / total_second)
+                   for a, b in zip(first, second))
+
+
+def compare(cluster_rows, simulator_rows):
+  """Pairs rows by protocol and lr_policy; returns the comparison rows."""
+  simulated = {(r["protocol"], r["lr_policy"]): r for r in simulator_rows}
+  pairs = []
+  for real in cluster_rows:
+    sim = simulated[(real["protocol"], real["lr_policy"])]
+    pairs.append({
+        "protocol": real["protocol"], "lr_policy": real["lr_policy"],
+        "learners": real["learners"], "minibatch": real["minibatch"],
+        "histogram_cluster": real["staleness_histogram"],
+        "histogram_simulator": sim["staleness_histogram"],
+        "total_variation": total_variation(real["staleness_histogram"],
+                                           sim["staleness_histogram"]),
+        "staleness_mean_cluster": real["staleness_mean"],
+        "staleness_mean_simulator": sim["staleness_mean"],
+        "test_accuracy_cluster": real["test_accuracy"],
+        "test_accuracy_simulator": sim["test_accuracy"],
+        "wall_time_cluster_s": real["wall_time_s"],
+        "simulated_time_steps": sim["simulated_time"]})
+  return pairs
+
+
+def markdown(pairs):
+  lines = ["| protocol | lr_policy | λ | μ | σ mean cluster / sim | "
+           "histogram cluster | histogram sim | TV distance | "
+           "test accuracy cluster / sim | cluster wall time (s) | "
+           "sim. time (steps) |", "|---" * 11 + "|"]
+  for p in pairs:
+    lines.append(
+        f"| {p['protocol']} | {p['lr_policy']} | {p['learners']} | "
+        f"{p['minibatch']} | {p['staleness_mean_cluster']:.2f} / "
+        f"{p['staleness_mean_simulator']:.2f} | {p['histogram_cluster']} | "
+        f"{p['histogram_simulator']} | {p['total_variation']:.3f} | "
+        f"{p['test_accuracy_cluster']:.4f} / "
+        f"{p['test_accuracy_simulator']:.4f} | "
+        f"{p['wall_time_cluster_s']:.1f} | "
+        f"{p['simulated_time_steps']:.0f} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  try:
+    points, skipped = sweep.grid(FLAGS.protocols, FLAGS.lr_policies,
+                                 FLAGS.minibatches, FLAGS.learners,
+                                 FLAGS.seeds)
+  except ValueError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  if skipped or not points:
+    print(f"error: invalid points {skipped}", file=sys.stderr)
+    return 2
+  config = {"model": FLAGS.model, "dataset": FLAGS.dataset,
+            "data_dir": FLAGS.data_dir, "lr": FLAGS.lr,
+            "epochs": FLAGS.epochs, "steps_per_epoch": FLAGS.steps_per_epoch,
+            "speed": FLAGS.speed, "emulated_step_ms": FLAGS.emulated_step_ms,
+            "gap": FLAGS.gap, "jitter": FLAGS.jitter,
+            "steps_per_execution": FLAGS.steps_per_execution}
+  rows = {}
+  for backend in ("cluster", "simulator"):
+    rows[backend] = sweep.run_points(
+        points, {**config, "backend": backend},
+        os.path.join(FLAGS.out_dir, backend))
+  pairs = compare(rows["cluster"], rows["simulator"])
+  table = markdown(pairs)
+  with open(os.path.join(FLAGS.out_dir, "validation.json"), "w") as stream:
+    json.dump(pairs, stream, indent=2)
+  with open(os.path.join(FLAGS.out_dir, "validation.md"), "w") as stream:
+    stream.write(table)
+  print(table)
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)
