@@ -38,11 +38,15 @@ class TaskFailedError(RuntimeError):
 
 
 def make_cluster_spec(num_learners, num_ps, host="127.0.0.1"):
-  """A cluster spec with a chief, λ workers and the ps tasks on free ports."""
+  """A cluster spec with a chief, λ workers and the ps tasks on free ports.
+
+  A job with no task is left out (MultiWorkerMirroredStrategy: no ps).
+  """
   def addresses(count):
     return [f"{host}:{portpicker.pick_unused_port()}" for _ in range(count)]
-  return {"chief": addresses(1), "worker": addresses(num_learners),
+  spec = {"chief": addresses(1), "worker": addresses(num_learners),
           "ps": addresses(num_ps)}
+  return {job: tasks for job, tasks in spec.items() if tasks}
 
 
 def tf_config_for(cluster, task_type, task_index):
@@ -139,7 +143,9 @@ class LocalProcessCluster:
   def _check_alive(self):
     for task in self.tasks:
       code = task.poll()
-      if code is not None and not task.name.startswith("chief"):
+      # A task that ends cleanly (code 0, e.g. a synchronous worker done
+      # with its own fit) is not a failure; the chief decides the result.
+      if code and not task.name.startswith("chief"):
         raise TaskFailedError(f"task {task.name} exited with code {code} "
                               "before the chief finished")
 
@@ -149,7 +155,7 @@ class LocalProcessCluster:
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
       servers = [self._start(job, i) for job in ("ps", "worker")
-                 for i in range(len(self.cluster[job]))]
+                 for i in range(len(self.cluster.get(job, ())))]
       deadline = time.monotonic() + STARTUP_TIMEOUT_S
       for task in servers:
         while not port_open(task.address):

@@ -155,6 +155,8 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       def accumulate():
         weight = protocol_lib.staleness_weight(
             lr_policy, tf.cast(staleness, tf.float32), maximum=tf.maximum)
+        if c == 1:  # async: the update is this gradient; no accumulator trip
+          return self._apply_one(apply_update, weight, gradient_of)
         for variable in self._model_variables:
           gradient = gradient_of.get(id(variable))
           if gradient is not None:
@@ -195,6 +197,22 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       if self._tokens is not None:
         self._tokens.enqueue_many(
             [tf.zeros([self._protocol.num_learners], tf.int32)])
+    return tf.constant(True)
+
+  def _apply_one(self, apply_update, weight, gradient_of):
+    """c = 1: applies weight * gradient at once, clock + 1 (as `_apply`)."""
+    gradients = []
+    for variable in self._model_variables:
+      gradient = gradient_of.get(id(variable))
+      gradients.append((tf.zeros(variable.shape, variable.dtype)
+                        if gradient is None else
+                        tf.cast(weight, gradient.dtype) * gradient, variable))
+    apply_update(gradients, self.timestamp)
+    with tf.control_dependencies(
+        [g for g, _ in gradients] + [self.timestamp.live_read()]):
+      self.timestamp.assign_add(1)
+      if self._tokens is not None:  # hardsync with λ = 1
+        self._tokens.enqueue_many([tf.zeros([1], tf.int32)])
     return tf.constant(True)
 
   # ------------------------------------------------------------------ report

@@ -1,0 +1,112 @@
+r"""Parameter-server capacity: pushes/s the ps tasks absorb, by model size.
+
+  python -m benchmarks.ps_capacity --sizes_mb=0.1,1,10,100 --ps_tasks=1,2,4 \
+      --out_dir=runs/ps_capacity
+
+Learners train benchmarks/blob_model.py's model (all weights, next to no
+compute: each step pulls and pushes the full size) with RudraStrategy
+"async" (c = 1: every push is an update), 20 steps per scheduled closure and
+pulls without the lock, so the learners push as fast as the ps tasks and the
+network let them. The weights are in 8 variables, spread round-robin over
+the ps tasks, each ps task holding its own shard state. Reports pushes/s,
+the MB/s of gradients pushed, and the peak memory of a ps task, for every
+(size, ps tasks) pair; OUT_DIR/ps_capacity.json and ps_capacity.md.
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from benchmarks import results
+from launch import local_cluster
+
+FLAGS = flags.FLAGS
+STEPS_PER_EXECUTION = 20
+
+
+def steps_for(size_mb, pushes):
+  """Timed pushes for a model size (big models push less often)."""
+  steps = pushes if size_mb <= 10 else int(pushes * 10 / size_mb)
+  return max(STEPS_PER_EXECUTION, steps // STEPS_PER_EXECUTION *
+             STEPS_PER_EXECUTION)
+
+
+def run_point(size_mb, num_ps, out):
+  steps = steps_for(size_mb, FLAGS.pushes)
+  command = [sys.executable, "-m", "benchmarks.task", "--strategy=rudra",
+             "--protocol=async", "--lr_policy=none", "--lr=0.01",
+             "--dataset=synthetic", "--minibatch=4", f"--blob_mb={size_mb}",
+             f"--steps_per_epoch={steps}",
+             f"--steps_per_execution={STEPS_PER_EXECUTION}",
+             "--noconsistent_pulls", f"--out={out}"]
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = local_cluster.LocalProcessCluster(
+      command, num_learners=FLAGS.num_learners, num_ps=num_ps,
+      environment=dict(os.environ, PYTHONPATH=repo)).run()
+  if code != 0:
+    raise RuntimeError(f"{size_mb} MB with {num_ps} ps failed ({code})")
+  figures = results.read_figures(out)
+  return {"size_mb": size_mb, "ps_tasks": num_ps,
+          "learners": FLAGS.num_learners, "pushes": steps,
+          "pushes_per_s": figures["pushes_per_s"],
+          "pushed_mb_per_s": figures["pushes_per_s"] * size_mb,
+          "ps_peak_memory_mb": figures["memory_mb"].get("ps", 0.0)}
+
+
+def markdown(rows):
+  lines = ["| model size (MB) | ps tasks | learners | pushes/s | pushed MB/s |"
+           " ps peak memory (MB) |", "|---" * 6 + "|"]
+  for row in rows:
+    lines.append(f"| {row['size_mb']:g} | {row['ps_tasks']} | "
+                 f"{row['learners']} | {row['pushes_per_s']:.1f} | "
+                 f"{row['pushed_mb_per_s']:.0f} | "
+                 f"{row['ps_peak_memory_mb']:.0f} |")
+  return "\n".join(lines) + "\n"
+
+
+def define_flags():
+  """The flags of this script (defined when it runs, not on import)."""
+  flags.DEFINE_list("sizes_mb", ["0.1", "1", "10", "100"], "Model sizes (MB).")
+  flags.DEFINE_list("ps_tasks", ["1", "2", "4"], "ps task counts.")
+  flags.DEFINE_integer("num_learners", 2, "Learners pushing.")
+  flags.DEFINE_integer("pushes", 1000, "Timed pushes per point (fewer for "
+                       "models over 10 MB: pushes / size_mb * 10).")
+  flags.DEFINE_string("out_dir", "runs/ps_capacity", "Where results go.")
+
+
+def main(argv):
+  del argv
+  try:
+    sizes = [float(v) for v in FLAGS.sizes_mb]
+    counts = [int(v) for v in FLAGS.ps_tasks]
+  except ValueError as error:
+    print(f"error: --sizes_mb and --ps_tasks take numbers ({error})",
+          file=sys.stderr)
+    return 2
+  if min(sizes) <= 0 or min(counts) < 1:
+    print("error: sizes must be > 0 MB and ps task counts >= 1",
+          file=sys.stderr)
+    return 2
+  rows = []
+  for size_mb in sizes:
+    for num_ps in counts:
+      print(f"== {size_mb:g} MB, {num_ps} ps", flush=True)
+      rows.append(run_point(size_mb, num_ps, os.path.join(
+          FLAGS.out_dir, "runs", f"{size_mb:g}mb_{num_ps}ps")))
+      print(f"   {rows[-1]['pushes_per_s']:.1f} pushes/s", flush=True)
+  table = markdown(rows)
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  with open(os.path.join(FLAGS.out_dir, "ps_capacity.json"), "w") as stream:
+    json.dump(rows, stream, indent=2)
+  with open(os.path.join(FLAGS.out_dir, "ps_capacity.md"), "w") as stream:
+    stream.write(table)
+  print(table)
+  return 0
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,198 @@
+r"""Side-by-side throughput: one process, TensorFlow's strategies, Rudra's protocols.
+
+  python -m benchmarks.throughput --models=mlp,small_cnn --learners=1,2,4 \
+      --out_dir=runs/bench
+
+Every contender trains the same model on the same data (Fashion-MNIST by
+default) on a local cluster of separate processes on 127.0.0.1 (1 ps task
+where there is one), one after the other in this one run:
+
+* single: one process, no cluster (the machine's limit);
+* parameter_server: TensorFlow's stock ParameterServerStrategy (async);
+* multi_worker_mirrored: MultiWorkerMirroredStrategy (synchronous
+  all-reduce; λ learners are the chief and λ-1 workers);
+* rudra:<protocol>[:fast]: RudraStrategy; ":fast" runs 20 steps per scheduled
+  closure (steps_per_execution) and pulls without the shard lock.
+
+Each run trains two epochs of --steps_per_epoch steps and times the second.
+Figures: updates/s, pushes/s (gradients computed and sent), examples/s, the
+ratios of examples/s to the stock ParameterServerStrategy with the same λ and
+to the single process, and the peak memory of each kind of task. With
+--straggler_ms=SLOW,BASE learner 0 sleeps SLOW ms a step and the others
+BASE ms (launch/train.py --emulated_step_ms), for the contenders that give
+each learner its own input pipeline (Rudra's, MultiWorkerMirrored).
+Writes OUT_DIR/throughput.json and OUT_DIR/throughput.md.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+from benchmarks import results
+from launch import local_cluster
+
+CONTENDERS = ("single", "parameter_server", "multi_worker_mirrored",
+              "rudra:hardsync", "rudra:1-softsync", "rudra:2-softsync",
+              "rudra:async", "rudra:async:fast")
+FAST_STEPS_PER_EXECUTION = 20
+
+FLAGS = flags.FLAGS
+
+
+def validate_contenders(names):
+  for name in names:
+    if name not in CONTENDERS:
+      raise ValueError(f"Unknown contender {name!r}; valid contenders are "
+                       f"{', '.join(CONTENDERS)}.")
+
+
+def applicable(contender, num_learners, straggler):
+  """Whether the contender runs at this λ (and with a straggler)."""
+  if contender == "single":
+    return num_learners == 1 and not straggler
+  if contender == "multi_worker_mirrored":
+    return num_learners >= 2
+  if contender == "parameter_server":
+    return not straggler  # one input pipeline for all: no per-learner delay
+  protocol = contender.split(":")[1]
+  if protocol.endswith("-softsync"):
+    return int(protocol.split("-")[0]) < num_learners  # n = λ is async
+  return protocol != "hardsync" or num_learners > 1
+
+
+def task_command(contender, model, num_learners, out, straggler):
+  parts = contender.split(":")
+  command = [sys.executable, "-m", "benchmarks.task", f"--strategy={parts[0]}",
+             f"--model={model}", f"--dataset={FLAGS.dataset}",
+             f"--minibatch={FLAGS.minibatch}",
+             f"--steps_per_epoch={FLAGS.steps_per_epoch}", f"--out={out}",
+             "--lr=0.01", "--lr_policy=none"]
+  if parts[0] == "rudra":
+    command.append(f"--protocol={parts[1]}")
+    if len(parts) > 2:  # ":fast"
+      command += [f"--steps_per_execution={FAST_STEPS_PER_EXECUTION}",
+                  "--noconsistent_pulls"]
+  else:
+    command.append("--protocol=async")
+  if straggler:
+    slow, base = straggler
+    command.append("--emulated_step_ms=" + ",".join(
+        [slow] + [base] * (num_learners - 1)))
+  return command
+
+
+def run_one(contender, model, num_learners, straggler, out):
+  """Runs one contender; returns its figures with peak memory per task."""
+  command = task_command(contender, model, num_learners, out, straggler)
+  if contender == "single":
+    code = subprocess.run(command, check=False).returncode
+  else:
+    mirrored = contender == "multi_worker_mirrored"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    environment = dict(os.environ, PYTHONPATH=repo)
+    code = local_cluster.LocalProcessCluster(
+        command, num_learners=num_learners - 1 if mirrored else num_learners,
+        num_ps=0 if mirrored else 1, environment=environment).run()
+  if code != 0:
+    raise RuntimeError(f"{contender} λ={num_learners} {model} failed "
+                       f"(exit code {code})")
+  return results.read_figures(out)
+
+
+def add_ratios(rows):
+  """examples/s as a ratio to stock PS (same model, λ, straggler) and single."""
+  def find(contender, model, learners, straggler):
+    for row in rows:
+      if (row["contender"], row["model"], row["learners"], row["straggler"]) \
+          == (contender, model, learners, straggler):
+        return row
+    return None
+  for row in rows:
+    stock = find("parameter_server", row["model"], row["learners"],
+                 row["straggler"])
+    single = find("single", row["model"], 1, "")
+    row["vs_parameter_server"] = (row["examples_per_s"] /
+                                  stock["examples_per_s"]) if stock else None
+    row["vs_single"] = (row["examples_per_s"] /
+                        single["examples_per_s"]) if single else None
+  return rows
+
+
+def markdown(rows):
+  def ratio(value):
+    return "–" if value is None else f"{value:.2f}"
+  lines = ["| model | λ | straggler (ms) | contender | updates/s | pushes/s | "
+           "examples/s | vs stock PS | vs single | σ mean | memory MB "
+           "(chief / worker / ps) |", "|---" * 11 + "|"]
+  for row in rows:
+    memory = row["memory_mb"]
+    lines.append(
+        f"| {row['model']} | {row['learners']} | {row['straggler'] or '–'} | "
+        f"{row['contender']} | {row['updates_per_s']:.1f} | "
+        f"{row['pushes_per_s']:.1f} | {row['examples_per_s']:.0f} | "
+        f"{ratio(row['vs_parameter_server'])} | {ratio(row['vs_single'])} | "
+        f"{'–' if row['staleness_mean'] is None else format(row['staleness_mean'], '.2f')} | "
+        f"{memory.get('chief', memory.get('single', 0)):.0f} / "
+        f"{memory.get('worker', 0):.0f} / {memory.get('ps', 0):.0f} |")
+  return "\n".join(lines) + "\n"
+
+
+def define_flags():
+  """The flags of this script (defined when it runs, not on import)."""
+  flags.DEFINE_list("models", ["mlp", "small_cnn"], "Models to time.")
+  flags.DEFINE_string("dataset", "fashion_mnist", "Data set.")
+  flags.DEFINE_list("learners", ["1", "2", "4"], "λ values.")
+  flags.DEFINE_list("contenders", list(CONTENDERS),
+                    f"Any of {', '.join(CONTENDERS)}.")
+  flags.DEFINE_integer("minibatch", 32, "μ per learner.")
+  flags.DEFINE_integer("steps_per_epoch", 200, "Steps per epoch (a step: one "
+                       "gradient on Rudra/stock PS, λ gradients on MWMS).")
+  flags.DEFINE_list("straggler_ms", [], "SLOW,BASE: emulated step times of "
+                    "learner 0 and of the others (empty: real compute only).")
+  flags.DEFINE_string("out_dir", "runs/throughput", "Where results go.")
+
+
+def main(argv):
+  del argv
+  try:
+    validate_contenders(FLAGS.contenders)
+    learners = [int(v) for v in FLAGS.learners]
+    if FLAGS.straggler_ms and len(FLAGS.straggler_ms) != 2:
+      raise ValueError("--straggler_ms takes SLOW,BASE, got "
+                       f"{','.join(FLAGS.straggler_ms)}.")
+  except ValueError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  straggler = tuple(FLAGS.straggler_ms)
+  rows = []
+  for model in FLAGS.models:
+    for num_learners in learners:
+      for contender in FLAGS.contenders:
+        if not applicable(contender, num_learners, straggler):
+          continue
+        out = os.path.join(FLAGS.out_dir, "runs", f"{model}_{num_learners}_"
+                           f"{contender.replace(':', '_')}")
+        print(f"== {model} λ={num_learners} {contender}", flush=True)
+        figures = run_one(contender, model, num_learners, straggler, out)
+        rows.append({"model": model, "learners": num_learners,
+                     "contender": contender,
+                     "straggler": ",".join(straggler), **figures})
+        print(f"   {figures['examples_per_s']:.0f} examples/s", flush=True)
+  add_ratios(rows)
+  table = markdown(rows)
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  with open(os.path.join(FLAGS.out_dir, "throughput.json"), "w") as stream:
+    json.dump(rows, stream, indent=2)
+  with open(os.path.join(FLAGS.out_dir, "throughput.md"), "w") as stream:
+    stream.write(table)
+  print(table)
+  return 0
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,79 @@
+"""benchmarks/: which contenders run where, the ratios, and one real run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import ps_capacity
+from benchmarks import throughput
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_contenders_that_apply_at_each_lambda():
+  def names(num_learners, straggler=()):
+    return [c for c in throughput.CONTENDERS
+            if throughput.applicable(c, num_learners, straggler)]
+  # λ = 1: every Rudra protocol is async (c = 1); no all-reduce peer.
+  assert names(1) == ["single", "parameter_server", "rudra:async",
+                      "rudra:async:fast"]
+  # λ = 2: 2-softsync is async.
+  assert names(2) == ["parameter_server", "multi_worker_mirrored",
+                      "rudra:hardsync", "rudra:1-softsync", "rudra:async",
+                      "rudra:async:fast"]
+  assert "rudra:2-softsync" in names(4)
+  # A straggler needs per-learner input pipelines (stock PS has one).
+  assert "parameter_server" not in names(4, ("600", "150"))
+  with pytest.raises(ValueError, match="'warp'; valid contenders are single"):
+    throughput.validate_contenders(["single", "warp"])
+
+
+def test_ratios_against_stock_ps_and_single_process():
+  rows = [
+      {"contender": "single", "model": "m", "learners": 1, "straggler": "",
+       "examples_per_s": 1000.0},
+      {"contender": "parameter_server", "model": "m", "learners": 2,
+       "straggler": "", "examples_per_s": 400.0},
+      {"contender": "rudra:async", "model": "m", "learners": 2,
+       "straggler": "", "examples_per_s": 500.0},
+      {"contender": "rudra:async", "model": "m", "learners": 2,
+       "straggler": "600,150", "examples_per_s": 300.0}]
+  throughput.add_ratios(rows)
+  assert rows[2]["vs_parameter_server"] == 1.25
+  assert rows[2]["vs_single"] == 0.5
+  assert rows[3]["vs_parameter_server"] is None  # no stock run with it
+  assert rows[3]["vs_single"] == 0.3
+
+
+def test_capacity_pushes_shrink_for_big_models():
+  assert ps_capacity.steps_for(1, 1000) == 1000
+  assert ps_capacity.steps_for(100, 1000) == 100
+  assert ps_capacity.steps_for(1000, 1000) == 20  # one closure at least
+
+
+def test_one_run_side_by_side(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.throughput", "--models=mlp",
+       "--dataset=synthetic", "--learners=1",
+       "--contenders=single,parameter_server,rudra:async",
+       "--steps_per_epoch=20", f"--out_dir={tmp_path}"],
+      cwd=REPO, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = json.loads((tmp_path / "throughput.json").read_text())
+  assert [r["contender"] for r in rows] == ["single", "parameter_server",
+                                            "rudra:async"]
+  single, stock, rudra = rows
+  assert single["vs_single"] == 1.0 and stock["vs_parameter_server"] == 1.0
+  # One learner, async: 20 timed gradients, each one update.
+  assert rudra["pushes_per_s"] == pytest.approx(rudra["updates_per_s"])
+  assert rudra["examples_per_s"] == pytest.approx(32 * rudra["pushes_per_s"])
+  assert rudra["staleness_mean"] == 0.0
+  for row in (stock, rudra):  # every task reported its memory
+    assert set(row["memory_mb"]) == {"chief", "worker", "ps"}
+    assert min(row["memory_mb"].values()) > 50
+  assert "| mlp | 1 | – | rudra:async |" in (
+      tmp_path / "throughput.md").read_text()
