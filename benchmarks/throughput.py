@@ -8,7 +8,8 @@ default) on a local cluster of separate processes on 127.0.0.1 (1 ps task
 where there is one), one after the other in this one run:
 
 * single: one process, no cluster (the machine's limit);
-* parameter_server: TensorFlow's stock ParameterServerStrategy (async);
+* parameter_server[:fast]: TensorFlow's stock ParameterServerStrategy
+  (async); ":fast" runs 20 steps per scheduled closure;
 * multi_worker_mirrored: MultiWorkerMirroredStrategy (synchronous
   all-reduce; λ learners are the chief and λ-1 workers);
 * rudra:<protocol>[:fast]: RudraStrategy; ":fast" runs 20 steps per scheduled
@@ -35,7 +36,8 @@ from absl import flags
 from benchmarks import results
 from launch import local_cluster
 
-CONTENDERS = ("single", "parameter_server", "multi_worker_mirrored",
+CONTENDERS = ("single", "parameter_server", "parameter_server:fast",
+              "multi_worker_mirrored",
               "rudra:hardsync", "rudra:1-softsync", "rudra:2-softsync",
               "rudra:async", "rudra:async:fast")
 FAST_STEPS_PER_EXECUTION = 20
@@ -56,9 +58,9 @@ def applicable(contender, num_learners, straggler):
     return num_learners == 1 and not straggler
   if contender == "multi_worker_mirrored":
     return num_learners >= 2
-  if contender == "parameter_server":
+  if contender.startswith("parameter_server"):
     return not straggler  # one input pipeline for all: no per-learner delay
-  protocol = contender.split(":")[1]
+  protocol = contender.split(":")[1]  # rudra:<protocol>[:fast]
   if protocol.endswith("-softsync"):
     return int(protocol.split("-")[0]) < num_learners  # n = λ is async
   return protocol != "hardsync" or num_learners > 1
@@ -71,13 +73,11 @@ def task_command(contender, model, num_learners, out, straggler):
              f"--minibatch={FLAGS.minibatch}",
              f"--steps_per_epoch={FLAGS.steps_per_epoch}", f"--out={out}",
              "--lr=0.01", "--lr_policy=none"]
-  if parts[0] == "rudra":
-    command.append(f"--protocol={parts[1]}")
-    if len(parts) > 2:  # ":fast"
-      command += [f"--steps_per_execution={FAST_STEPS_PER_EXECUTION}",
-                  "--noconsistent_pulls"]
-  else:
-    command.append("--protocol=async")
+  command.append(f"--protocol={parts[1] if parts[0] == 'rudra' else 'async'}")
+  if parts[-1] == "fast":
+    command.append(f"--steps_per_execution={FAST_STEPS_PER_EXECUTION}")
+    if parts[0] == "rudra":
+      command.append("--noconsistent_pulls")
   if straggler:
     slow, base = straggler
     command.append("--emulated_step_ms=" + ",".join(
