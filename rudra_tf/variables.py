@@ -9,10 +9,10 @@ read, together with its shard's timestamp, under the shard's lock: the forward
 pass sees one consistent version of the weights, and the push carries that
 version's timestamp.
 
-Gradients still reach the live variable: a read returns
-`snapshot + (live - stop_gradient(live))`, computed on the variable's ps task,
-which equals the snapshot (x - x == 0 exactly for finite x) while the tape
-records the read of `live`.
+Gradients still reach the variable: the pulled value is recorded on the
+gradient tape as a read of the variable, exactly as TensorFlow records its
+own variable reads (`ReadVariableOp` with an identity gradient), so a step
+reads each weight once, from its pull, and never reads the live variable.
 """
 
 import contextlib
@@ -20,6 +20,8 @@ import threading
 
 import tensorflow as tf
 from tensorflow.python.distribute import ps_values
+from tensorflow.python.eager import record
+from tensorflow.python.ops import resource_variable_ops
 
 _state = threading.local()
 
@@ -76,11 +78,14 @@ class RudraVariable(ps_values.CachingVariable):
     snapshot = pulled.snapshots.get(id(self))
     if snapshot is None:
       return None
-    # Recomputed at every read, not cached: a read inside a loop or cond
-    # body must record its own tape entry in that body's graph.
-    with tf.device(self._v.device):
-      live = self._v.value()
-      return snapshot + (live - tf.stop_gradient(live))
+    # Recorded at every read, not cached: a read inside a loop or cond body
+    # must record its own tape entry in that body's graph.
+    resource_variable_ops.variable_accessed(self._v)
+    value = tf.identity(snapshot)
+    record.record_operation("ReadVariableOp", [value], [self._v.handle],
+                            backward_function=lambda gradient: [gradient],
+                            forward_function=lambda value: [value])
+    return value
 
   def value(self):
     pulled = self._pulled_value()

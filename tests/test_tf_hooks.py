@@ -120,3 +120,29 @@ def test_sleep_dataset_hook_delays_each_element():
   assert datasets.with_step_time(undelayed, 0) is undelayed
   with pytest.raises(ValueError, match="must be >= 0 seconds, got -1"):
     datasets.with_step_time(undelayed, -1)
+
+
+def test_tape_records_a_pulled_read_as_a_variable_read():
+  # variables.RudraVariable records the pulled value as a ReadVariableOp of
+  # the variable (TensorFlow's own private helpers), so that gradients reach
+  # the variable without a second, live read.
+  from tensorflow.python.eager import record  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
+  assert "record.record_operation(" in inspect.getsource(
+      resource_variable_ops.BaseResourceVariable._read_variable_op)
+  variable = tf.Variable([1.0, 2.0])
+  snapshot = tf.constant([3.0, 5.0])
+
+  @tf.function
+  def gradient():
+    with tf.GradientTape() as tape:
+      resource_variable_ops.variable_accessed(variable)
+      value = tf.identity(snapshot)
+      record.record_operation("ReadVariableOp", [value], [variable.handle],
+                              backward_function=lambda g: [g],
+                              forward_function=lambda v: [v])
+      loss = tf.reduce_sum(value * value)
+    return tape.gradient(loss, variable)
+
+  # d/dv Σ v² at the pulled value [3, 5], not at the live [1, 2].
+  assert gradient().numpy().tolist() == [6.0, 10.0]
