@@ -167,26 +167,27 @@ def main(argv):
       1 if FLAGS.strategy == "multi_worker_mirrored" else 0)
   config = launch_train.launch_flags.resolve_config(
       FLAGS, num_learners, max(1, len(cluster.get("ps", ()))))
-  serving = FLAGS.strategy != "multi_worker_mirrored" and (
-      task["type"] in ("ps", "worker"))
-  if serving:
-    spec = launch_train.launch_flags.TaskSpec(cluster, task["type"],
-                                              task.get("index", 0))
-    def record_memory_and_exit(signum, frame):
-      del frame
-      write_json(f"memory_{task['type']}_{task.get('index', 0)}.json",
-                 {"task": task_name, "peak_memory_mb": peak_memory_mb()})
-      os._exit(0 if signum == signal.SIGTERM else 1)  # pylint: disable=protected-access
+  memory_file = f"memory_{task['type']}_{task.get('index', 0)}.json"
 
-    # The cluster stops serving tasks with SIGTERM once the chief is done.
+  def record_memory_and_exit(signum, frame):
+    del frame
+    write_json(memory_file, {"task": task_name,
+                             "peak_memory_mb": peak_memory_mb()})
+    os._exit(0 if signum == signal.SIGTERM else 1)  # pylint: disable=protected-access
+
+  if task["type"] != "chief":
+    # The cluster stops the other tasks with SIGTERM once the chief is done
+    # (a synchronous worker may still be finishing its own fit).
     signal.signal(signal.SIGTERM, record_memory_and_exit)
-    code = launch_train.serve(spec)
+  if FLAGS.strategy != "multi_worker_mirrored" and task["type"] != "chief":
+    code = launch_train.serve(launch_train.launch_flags.TaskSpec(
+        cluster, task["type"], task.get("index", 0)))
     if code == 0:
       record_memory_and_exit(signal.SIGTERM, None)
     return code
   figures = train(config)
-  write_json(f"memory_{task['type']}_{task.get('index', 0)}.json",
-             {"task": task_name, "peak_memory_mb": peak_memory_mb()})
+  write_json(memory_file, {"task": task_name,
+                           "peak_memory_mb": peak_memory_mb()})
   if task["type"] == "chief":
     write_json("figures.json", figures)
     print(f"{FLAGS.strategy}: {figures}", flush=True)
