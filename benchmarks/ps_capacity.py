@@ -13,7 +13,6 @@ the MB/s of gradients pushed, and the peak memory of a ps task, for every
 (size, ps tasks) pair; OUT_DIR/ps_capacity.json and ps_capacity.md.
 """
 
-import json
 import os
 import sys
 
@@ -22,6 +21,7 @@ from absl import flags
 
 from benchmarks import results
 from launch import local_cluster
+from launch import reports
 
 FLAGS = flags.FLAGS
 STEPS_PER_EXECUTION = 20
@@ -98,11 +98,7 @@ def main(argv):
           FLAGS.out_dir, "runs", f"{size_mb:g}mb_{num_ps}ps")))
       print(f"   {rows[-1]['pushes_per_s']:.1f} pushes/s", flush=True)
   table = markdown(rows)
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  with open(os.path.join(FLAGS.out_dir, "ps_capacity.json"), "w") as stream:
-    json.dump(rows, stream, indent=2)
-  with open(os.path.join(FLAGS.out_dir, "ps_capacity.md"), "w") as stream:
-    stream.write(table)
+  reports.write_rows_and_table(FLAGS.out_dir, "ps_capacity", rows, table)
   print(table)
   return 0
 

@@ -25,7 +25,6 @@ each learner its own input pipeline (Rudra's, MultiWorkerMirrored).
 Writes OUT_DIR/throughput.json and OUT_DIR/throughput.md.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from absl import flags
 
 from benchmarks import results
 from launch import local_cluster
+from launch import reports
 
 CONTENDERS = ("single", "parameter_server", "parameter_server:fast",
               "multi_worker_mirrored",
@@ -184,11 +184,7 @@ def main(argv):
         print(f"   {figures['examples_per_s']:.0f} examples/s", flush=True)
   add_ratios(rows)
   table = markdown(rows)
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  with open(os.path.join(FLAGS.out_dir, "throughput.json"), "w") as stream:
-    json.dump(rows, stream, indent=2)
-  with open(os.path.join(FLAGS.out_dir, "throughput.md"), "w") as stream:
-    stream.write(table)
+  reports.write_rows_and_table(FLAGS.out_dir, "throughput", rows, table)
   print(table)
   return 0
 

@@ -303,6 +303,17 @@ def plot_reports(rows, out_dir):
   pyplot.close(figure)
 
 
+def config_from_flags():
+  """What every point of a run shares (run_points' config), from the flags."""
+  return {"backend": FLAGS.backend, "model": FLAGS.model,
+          "dataset": FLAGS.dataset, "data_dir": FLAGS.data_dir,
+          "lr": FLAGS.lr, "epochs": FLAGS.epochs,
+          "steps_per_epoch": FLAGS.steps_per_epoch, "speed": FLAGS.speed,
+          "emulated_step_ms": FLAGS.emulated_step_ms, "gap": FLAGS.gap,
+          "jitter": FLAGS.jitter,
+          "steps_per_execution": FLAGS.steps_per_execution}
+
+
 def main(argv):
   del argv
   try:
@@ -317,14 +328,7 @@ def main(argv):
   if not points:
     print("error: no valid point in the grid", file=sys.stderr)
     return 2
-  config = {"backend": FLAGS.backend, "model": FLAGS.model,
-            "dataset": FLAGS.dataset, "data_dir": FLAGS.data_dir,
-            "lr": FLAGS.lr, "epochs": FLAGS.epochs,
-            "steps_per_epoch": FLAGS.steps_per_epoch, "speed": FLAGS.speed,
-            "emulated_step_ms": FLAGS.emulated_step_ms, "gap": FLAGS.gap,
-            "jitter": FLAGS.jitter,
-            "steps_per_execution": FLAGS.steps_per_execution}
-  rows = run_points(points, config, FLAGS.out_dir)
+  rows = run_points(points, config_from_flags(), FLAGS.out_dir)
   print(write_reports(rows, FLAGS.out_dir))
   print(f"reports in {FLAGS.out_dir}: results.csv results.json table.md "
         "sweep.png")

@@ -16,13 +16,13 @@ OUT_DIR/validation.md and validation.json. Points already finished in
 OUT_DIR/cluster or OUT_DIR/simulator are not rerun.
 """
 
-import json
 import os
 import sys
 
 from absl import app
 from absl import flags
 
+from launch import reports
 from launch import sweep
 
 FLAGS = flags.FLAGS  # launch/sweep.py's flags (--backend is not used)
@@ -92,12 +92,7 @@ def main(argv):
   if skipped or not points:
     print(f"error: invalid points {skipped}", file=sys.stderr)
     return 2
-  config = {"model": FLAGS.model, "dataset": FLAGS.dataset,
-            "data_dir": FLAGS.data_dir, "lr": FLAGS.lr,
-            "epochs": FLAGS.epochs, "steps_per_epoch": FLAGS.steps_per_epoch,
-            "speed": FLAGS.speed, "emulated_step_ms": FLAGS.emulated_step_ms,
-            "gap": FLAGS.gap, "jitter": FLAGS.jitter,
-            "steps_per_execution": FLAGS.steps_per_execution}
+  config = sweep.config_from_flags()
   rows = {}
   for backend in ("cluster", "simulator"):
     rows[backend] = sweep.run_points(
@@ -105,10 +100,7 @@ def main(argv):
         os.path.join(FLAGS.out_dir, backend))
   pairs = compare(rows["cluster"], rows["simulator"])
   table = markdown(pairs)
-  with open(os.path.join(FLAGS.out_dir, "validation.json"), "w") as stream:
-    json.dump(pairs, stream, indent=2)
-  with open(os.path.join(FLAGS.out_dir, "validation.md"), "w") as stream:
-    stream.write(table)
+  reports.write_rows_and_table(FLAGS.out_dir, "validation", pairs, table)
   print(table)
   return 0
 
