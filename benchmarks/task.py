@@ -92,7 +92,6 @@ class EpochTimer:
 
 def train(config):
   """Fits two epochs; returns the timed epoch's figures (chief only)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
@@ -141,7 +140,6 @@ def train(config):
     staleness = None
   else:  # single, or one all-reduced update of λ gradients per step
     gradients, updates, staleness = steps * learners, steps, 0.0
-  del tf
   return {"seconds": seconds, "updates_per_s": updates / seconds,
           "pushes_per_s": gradients / seconds,
           "examples_per_s": gradients * config.minibatch / seconds,

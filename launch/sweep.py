@@ -24,6 +24,7 @@ import time
 from absl import app
 from absl import flags
 
+from launch import flags as launch_flags
 from rudra_tf import protocol as protocol_lib
 
 flags.DEFINE_enum("backend", "simulator", ["simulator", "cluster"],
@@ -128,13 +129,9 @@ def run_simulated(point, config):
 def speed_model(config, point):
   """The simulator's speeds: --emulated_step_ms if given, else --speed."""
   from rudra_tf import simulate  # pylint: disable=g-import-not-at-top
-  times = config.get("emulated_step_ms")
+  times = launch_flags.resolve_step_times(config.get("emulated_step_ms"),
+                                         point["learners"])
   if times:
-    times = [float(t) for t in times] * (
-        point["learners"] if len(times) == 1 else 1)
-    if len(times) != point["learners"]:
-      raise ValueError(f"--emulated_step_ms has {len(times)} values for "
-                       f"λ={point['learners']} learners; give one or λ.")
     return simulate.SpeedModel.from_step_times(times, seed=point["seed"],
                                                gap=config.get("gap", 0.0))
   return simulate.SpeedModel(config["speed"], seed=point["seed"],

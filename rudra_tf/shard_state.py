@@ -187,17 +187,11 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
         (accumulator.live_read() / tf.cast(c, accumulator.dtype), variable)
         for variable, accumulator in zip(self._model_variables,
                                          self.accumulators)]
-    apply_update(mean_gradients, self.timestamp)
-    with tf.control_dependencies(
-        [g for g, _ in mean_gradients] + [self.timestamp.live_read()]):
+    def reset():
       for accumulator in self.accumulators:
         accumulator.assign(tf.zeros_like(accumulator))
       self.pending.assign(0)
-      self.timestamp.assign_add(1)
-      if self._tokens is not None:
-        self._tokens.enqueue_many(
-            [tf.zeros([self._protocol.num_learners], tf.int32)])
-    return tf.constant(True)
+    return self._apply_and_advance(apply_update, mean_gradients, reset)
 
   def _apply_one(self, apply_update, weight, gradient_of):
     """c = 1: applies weight * gradient at once, clock + 1 (as `_apply`)."""
@@ -207,12 +201,19 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       gradients.append((tf.zeros(variable.shape, variable.dtype)
                         if gradient is None else
                         tf.cast(weight, gradient.dtype) * gradient, variable))
+    return self._apply_and_advance(apply_update, gradients)
+
+  def _apply_and_advance(self, apply_update, gradients, reset=lambda: None):
+    """Applies `gradients`, then `reset()`, clock + 1 and λ hardsync tokens
+    (after the gradients and the timestamp the update read)."""
     apply_update(gradients, self.timestamp)
     with tf.control_dependencies(
         [g for g, _ in gradients] + [self.timestamp.live_read()]):
+      reset()
       self.timestamp.assign_add(1)
-      if self._tokens is not None:  # hardsync with λ = 1
-        self._tokens.enqueue_many([tf.zeros([1], tf.int32)])
+      if self._tokens is not None:
+        self._tokens.enqueue_many(
+            [tf.zeros([self._protocol.num_learners], tf.int32)])
     return tf.constant(True)
 
   # ------------------------------------------------------------------ report
