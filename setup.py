@@ -24,6 +24,8 @@ setuptools.setup(
     ],
     extras_require={
         "datasets": ["tensorflow-datasets"],
+        # benchmarks/soak.py samples every task's memory.
+        "benchmarks": ["psutil"],
         "test": ["pytest", "psutil", "tensorflow-datasets"],
     },
     entry_points={

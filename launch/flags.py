@@ -55,6 +55,13 @@ def define_flags():
                     "cores than learners can study equal or unequal speeds.")
   flags.DEFINE_integer("steps_per_execution", 1, "Gradients per scheduled "
                        "closure on a learner (amortizes scheduling).")
+  flags.DEFINE_integer("learner_restarts", 3, "Local runs: how many times a "
+                       "learner task that dies is restarted (it rejoins the "
+                       "running job); 0 makes a dead learner end the job.")
+  flags.DEFINE_list("kill_task", [], "Fault injection (local runs): "
+                    "TYPE:INDEX@STEP kills that task with SIGKILL once the "
+                    "parameter server has received STEP gradients, e.g. "
+                    "worker:1@40 or ps:0@100 or chief:0@60. Repeatable.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +88,8 @@ class TrainConfig:
   gpus: int
   steps_per_execution: int
   emulated_step_ms: tuple = ()  # one value per learner, or ()
+  learner_restarts: int = 3
+  kill_tasks: tuple = ()  # (task type, index, step) entries
 
   def learner_step_time_s(self, learner):
     """The emulated compute time of `learner`'s steps, in seconds."""
@@ -130,6 +139,24 @@ def resolve_step_times(values_ms, num_learners):
   return tuple(times * num_learners if len(times) == 1 else times)
 
 
+def resolve_kill_tasks(entries, num_learners, num_ps):
+  """--kill_task entries as (type, index, step) tuples."""
+  sizes = {"chief": 1, "worker": num_learners, "ps": num_ps}
+  plan = []
+  for entry in entries:
+    task, _, step = entry.partition("@")
+    task_type, _, index = task.partition(":")
+    _require(task_type in sizes and index.isdigit() and step.isdigit(),
+             f"--kill_task={entry!r} must look like TYPE:INDEX@STEP with TYPE "
+             "one of chief, worker, ps (e.g. worker:1@40).")
+    _require(int(index) < sizes[task_type], f"--kill_task={entry!r}: there is "
+             f"no {task_type}:{index} (this cluster has {sizes[task_type]} "
+             f"{task_type} task(s)).")
+    _require(int(step) >= 1, f"--kill_task={entry!r}: STEP must be >= 1.")
+    plan.append((task_type, int(index), int(step)))
+  return tuple(plan)
+
+
 def resolve_config(values, num_learners, num_ps):
   """Checks every flag; raises ValueError naming the bad value and the fix."""
   from models import MODEL_NAMES  # pylint: disable=g-import-not-at-top
@@ -152,6 +179,8 @@ def resolve_config(values, num_learners, num_ps):
   _require(values.steps_per_execution >= 1, "--steps_per_execution must be "
            f">= 1, got {values.steps_per_execution}.")
   _require(values.gpus >= 0, f"--gpus must be >= 0, got {values.gpus}.")
+  _require(values.learner_restarts >= 0, "--learner_restarts must be >= 0, "
+           f"got {values.learner_restarts}.")
   protocol_lib.validate_max_staleness(values.max_staleness)
   minibatch = resolve_minibatch(values.minibatch, values.global_batch,
                                 num_learners)
@@ -173,7 +202,9 @@ def resolve_config(values, num_learners, num_ps):
       results=values.results, seed=values.seed, gpus=values.gpus,
       steps_per_execution=values.steps_per_execution,
       emulated_step_ms=resolve_step_times(
-          values.emulated_step_ms, num_learners))
+          values.emulated_step_ms, num_learners),
+      learner_restarts=values.learner_restarts,
+      kill_tasks=resolve_kill_tasks(values.kill_task, num_learners, num_ps))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,13 +5,29 @@ wedged by a TensorFlow runtime. Guarantees no orphan process:
 
 * each child asks Linux to SIGKILL it when the supervisor dies
   (PR_SET_PDEATHSIG), so even `kill -9` of the supervisor leaves none;
-* the supervisor stops every task when the chief finishes, when any task
-  dies, and on SIGINT / SIGTERM.
+* the supervisor stops every task when the chief finishes, when a ps task
+  dies, when a learner dies more often than it may be restarted, and on
+  SIGINT / SIGTERM.
 
 Task lifecycle (a small state machine, per task):
 
     STARTING --port accepts--> SERVING --exit--> EXITED
        \\__________________exit before serving____/
+
+What an unexpected exit (non-zero code, or a signal) does:
+
+    learner (worker)  restarted with the same TF_CONFIG, up to
+                      `learner_restarts` times per task; TensorFlow's
+                      coordinator re-runs its closure and takes it back
+                      when it serves again. Beyond that: the job fails.
+    ps                the job fails at once (its variables are gone); run
+                      the same command with the same --checkpoint_dir to
+                      resume from the last checkpoint.
+    chief             the job ends with the chief's exit code; the same
+                      command resumes from the last checkpoint.
+
+The supervisor writes every task's current pid to a JSON file named by
+RUDRA_TASK_PIDS in every task's environment (fault injection reads it).
 """
 
 import ctypes
@@ -21,6 +37,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -31,6 +48,9 @@ _PR_SET_PDEATHSIG = 1
 STARTUP_TIMEOUT_S = 120
 # Grace period between SIGTERM and SIGKILL when stopping tasks.
 STOP_GRACE_S = 5
+# Pause before a dead learner is started again (lets its port be released).
+LEARNER_RESTART_DELAY_S = 1.0
+PIDS_ENVIRONMENT_VARIABLE = "RUDRA_TASK_PIDS"
 
 
 class TaskFailedError(RuntimeError):
@@ -112,15 +132,23 @@ class LocalProcessCluster:
     gpus: GPUs to hand out round-robin, one per learner, through
       CUDA_VISIBLE_DEVICES; 0 leaves the environment as it is. The chief and
       ps tasks never see a GPU when gpus > 0.
+    learner_restarts: how many times each learner task that dies is started
+      again before its death fails the job.
   """
 
   def __init__(self, command, num_learners, num_ps, gpus=0, out=sys.stdout,
-               environment=None):
+               environment=None, learner_restarts=0):
     self.cluster = make_cluster_spec(num_learners, num_ps)
     self._command = list(command)
     self._gpus = gpus
     self._out = out
     self._environment = dict(environment or os.environ)
+    self._learner_restarts = learner_restarts
+    self._restarts = {}
+    handle, self.pids_path = tempfile.mkstemp(prefix="rudra_pids_",
+                                              suffix=".json")
+    os.close(handle)
+    self._environment[PIDS_ENVIRONMENT_VARIABLE] = self.pids_path
     self.tasks = []
 
   def _environment_for(self, task_type, index):
@@ -138,16 +166,44 @@ class LocalProcessCluster:
                 self._command, self._environment_for(task_type, index),
                 self._out)
     self.tasks.append(task)
+    self._write_pids()
     return task
 
+  def _write_pids(self):
+    pids = {task.name: task.process.pid for task in self.tasks
+            if task.poll() is None}
+    partial = self.pids_path + ".tmp"
+    with open(partial, "w") as f:
+      json.dump(pids, f)
+    os.replace(partial, self.pids_path)
+
+  def _say(self, message):
+    self._out.write(f"[launcher] {message}\n")
+    self._out.flush()
+
   def _check_alive(self):
-    for task in self.tasks:
+    for task in list(self.tasks):
       code = task.poll()
       # A task that ends cleanly (code 0, e.g. a synchronous worker done
       # with its own fit) is not a failure; the chief decides the result.
-      if code and not task.name.startswith("chief"):
-        raise TaskFailedError(f"task {task.name} exited with code {code} "
-                              "before the chief finished")
+      if not code or task.name.startswith("chief"):
+        continue
+      if task.name.startswith("worker"):
+        done = self._restarts.get(task.name, 0)
+        if done < self._learner_restarts:
+          self._restarts[task.name] = done + 1
+          self._say(f"task {task.name} exited with code {code}; restarting "
+                    f"it ({done + 1} of {self._learner_restarts} restarts)")
+          task.wait_output()
+          self.tasks.remove(task)
+          time.sleep(LEARNER_RESTART_DELAY_S)
+          self._start("worker", int(task.name.split(":")[1]))
+          continue
+      hint = ("; run the same command again with the same --checkpoint_dir "
+              "to resume from the last checkpoint"
+              if task.name.startswith("ps") else "")
+      raise TaskFailedError(f"task {task.name} exited with code {code} "
+                            f"before the chief finished{hint}")
 
   def run(self):
     """Runs the job; returns the chief's exit code. Always stops every task."""
@@ -181,6 +237,8 @@ class LocalProcessCluster:
     raise KeyboardInterrupt(f"signal {signum}")
 
   def shutdown(self):
+    if os.path.exists(self.pids_path):
+      os.remove(self.pids_path)
     for task in self.tasks:
       task.stop()
     deadline = time.monotonic() + STOP_GRACE_S

@@ -26,6 +26,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from launch import checkpoints
 from launch import flags as launch_flags
 from launch import local_cluster
 
@@ -97,6 +98,28 @@ def _wait_for_cluster(cluster):
         time.sleep(0.5)
 
 
+class CheckpointUnusableError(RuntimeError):
+  """The checkpoint to resume from cannot be read into this model."""
+
+
+class ParameterServerLostError(RuntimeError):
+  """A ps task became unreachable during training (its state is lost)."""
+
+  def __init__(self, tasks):
+    super().__init__(
+        f"parameter-server task {', '.join(tasks) or '(unknown)'} became "
+        "unreachable during training; run the same command again with the "
+        "same --checkpoint_dir to resume from the last checkpoint.")
+
+
+def _lost_ps_tasks(error):
+  """The ps tasks an UnavailableError names, as ["ps:0", ...]."""
+  import re  # pylint: disable=g-import-not-at-top
+  found = sorted(set(re.findall(r"/job:ps/replica:\d+/task:(\d+)",
+                                str(error))), key=int)
+  return [f"ps:{index}" for index in found]
+
+
 def run_chief(config, spec):
   """Trains, evaluates on the test split, writes results; returns them."""
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -141,11 +164,21 @@ def run_chief(config, spec):
     manager = tf.train.CheckpointManager(checkpoint, config.checkpoint_dir,
                                          max_to_keep=3)
     if manager.latest_checkpoint:
-      checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+      try:
+        checkpoint.restore(
+            manager.latest_checkpoint).assert_existing_objects_matched()
+      except (tf.errors.OpError, AssertionError, ValueError) as error:
+        raise CheckpointUnusableError(
+            f"cannot resume from {manager.latest_checkpoint}: "
+            f"{str(error).splitlines()[0][:300]}; it is corrupt or from "
+            "another model. Nothing was changed; use another "
+            "--checkpoint_dir.") from None
       optimizer.build(model.trainable_variables)
       initial_epoch = int(epochs_done.numpy())
       print(f"resumed from {manager.latest_checkpoint} after epoch "
             f"{initial_epoch}", flush=True)
+
+    checkpoints.record_run(config)
 
     class SaveEachEpoch(tf_keras.callbacks.Callback):
 
@@ -154,6 +187,11 @@ def run_chief(config, spec):
         print(f"saved {manager.save()}", flush=True)
 
     callbacks.append(SaveEachEpoch())
+  if config.kill_tasks:
+    from launch import faults  # pylint: disable=g-import-not-at-top
+    callbacks.append(faults.KillTaskAtStep(
+        strategy, config.kill_tasks,
+        out=lambda line: print(line, flush=True)))
   progress = telemetry.ProgressCallback(
       strategy, config.minibatch, config.epochs, log_dir=config.log_dir,
       out=lambda line: print(line, flush=True))
@@ -162,9 +200,12 @@ def run_chief(config, spec):
           data.learner_dataset(context, config.minibatch, seed=config.seed),
           config.learner_step_time_s(context.input_pipeline_id)))
   start = time.monotonic()
-  model.fit(creator, epochs=config.epochs, initial_epoch=initial_epoch,
-            steps_per_epoch=steps_per_epoch, verbose=0,
-            callbacks=[progress] + callbacks)
+  try:
+    model.fit(creator, epochs=config.epochs, initial_epoch=initial_epoch,
+              steps_per_epoch=steps_per_epoch, verbose=0,
+              callbacks=[progress] + callbacks)
+  except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
+    raise ParameterServerLostError(_lost_ps_tasks(error)) from error
   wall_time_s = time.monotonic() - start
 
   # Exact test accuracy on the whole test split, on the chief.
@@ -183,14 +224,17 @@ def run_chief(config, spec):
       "test_loss": float(test_loss), "wall_time_s": wall_time_s,
       "updates": report.timestamp, "gradients": report.gradients,
       "dropped": report.dropped, "pending": report.pending,
+      "duplicates": report.duplicates,
+      "learner_gradients": report.learner_gradients.tolist(),
+      "gradients_per_update": report.gradients_per_update,
       "staleness_mean": report.mean, "staleness_max": report.max,
       "staleness_histogram": report.histogram[:last + 1].tolist(),
   }
   print(f"test accuracy {test_accuracy:.4f} (loss {test_loss:.4f}) | "
         f"wall time {wall_time_s:.1f} s", flush=True)
   print(f"updates {report.timestamp} | gradients {report.gradients} "
-        f"received, {report.dropped} dropped, {report.pending} pending",
-        flush=True)
+        f"received, {report.dropped} dropped, {report.pending} pending, "
+        f"{report.duplicates} duplicate pushes refused", flush=True)
   print(f"staleness mean {report.mean:.3f} max {report.max} histogram "
         f"{results['staleness_histogram']}", flush=True)
   results_path = config.results or (
@@ -222,6 +266,7 @@ def main(argv):
     else:
       config = launch_flags.resolve_config(FLAGS, FLAGS.learners,
                                            FLAGS.ps_tasks)
+    checkpoints.check_resumable(config)
   except ValueError as error:
     return _fail(str(error))
 
@@ -233,26 +278,44 @@ def main(argv):
     cluster = local_cluster.LocalProcessCluster(
         [sys.executable, "-m", "launch.train"] + sys.argv[1:],
         num_learners=config.num_learners, num_ps=config.num_ps,
-        gpus=config.gpus, environment=environment)
+        gpus=config.gpus, environment=environment,
+        learner_restarts=config.learner_restarts)
     try:
-      return cluster.run()
+      code = cluster.run()
+      if code:
+        resume = (" with the same --checkpoint_dir to resume from the last "
+                  "checkpoint" if config.checkpoint_dir else "")
+        _fail(f"the chief exited with code {code}; stopped every task. Run "
+              f"the same command again{resume}.")
+      return code
     except local_cluster.TaskFailedError as error:
       return _fail(f"{error}; stopped every task.")
     except KeyboardInterrupt:
       print("interrupted; stopped every task.", file=sys.stderr, flush=True)
       return 130
 
+  if config.kill_tasks and not os.environ.get("RUDRA_TASK_PIDS"):
+    return _fail("--kill_task works only in a local cluster started by "
+                 "launch/train.py without TF_CONFIG; remove it for a deploy.")
   if spec.task_type in ("ps", "worker"):
     if _port_in_use(spec.address):
       return _fail(f"port of {spec.task_type}:{spec.task_index} "
                    f"({spec.address}) is already in use; free it or change "
                    "TF_CONFIG.")
     return serve(spec)
-  run_chief(config, spec)
+  # Exit codes: 0 done, 2 unusable checkpoint (bad input), 3 ps task lost.
+  code = 0
+  try:
+    run_chief(config, spec)
+  except CheckpointUnusableError as error:
+    code = _fail(str(error))
+  except ParameterServerLostError as error:
+    _fail(str(error))
+    code = 3
   # The coordinator's threads can keep a finished process alive.
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(0)  # pylint: disable=protected-access
+  os._exit(code)  # pylint: disable=protected-access
 
 
 _HELP_FLAGS = ("--help", "-?", "--helpshort", "--helpfull")

@@ -1,13 +1,28 @@
-"""A ClusterCoordinator that tells each learner's input pipeline who it is.
+"""RudraCoordinator: TF's ClusterCoordinator with learner inputs and push keys.
 
-TF's ParameterServerStrategy gives every worker's dataset function the same
-`InputContext(num_input_pipelines=1, input_pipeline_id=0)`, so learners cannot
-read disjoint shards. `RudraCoordinator` traces per-worker dataset functions once
-per learner inside `learner_scope(i)`, and `RudraExtended` then hands dataset
-functions `InputContext(num_input_pipelines=λ, input_pipeline_id=i)`.
+Learner inputs. TF's ParameterServerStrategy gives every worker's dataset
+function the same `InputContext(num_input_pipelines=1, input_pipeline_id=0)`,
+so learners cannot read disjoint shards. `RudraCoordinator` traces per-worker
+dataset functions once per learner inside `learner_scope(i)`, and
+`RudraExtended` then hands dataset functions
+`InputContext(num_input_pipelines=λ, input_pipeline_id=i)`.
+
+Push keys (idempotent pushes). TF runs a scheduled function at least once: if
+its worker dies mid-closure, the closure runs again on another worker, and
+the pushes its first run had already made would be applied a second time.
+Every scheduled closure gets a key (1, 2, 3, ...) and a limit, the number of
+pushes one run of it makes; each shard accepts at most `limit` pushes per key
+and counts the rest as duplicates (`StalenessReport.duplicates`). So each
+scheduled training step contributes exactly one gradient, whichever run
+delivered it. The limit is 1 for a function with one training step, the
+`steps_per_execution` argument for tf_keras's multi-step train function, and
+-1 (no de-duplication) when it cannot be known (several `strategy.run` calls,
+or one inside a loop of unknown length).
 """
 
 import contextlib
+import inspect
+import itertools
 import threading
 
 import tensorflow as tf
@@ -68,8 +83,133 @@ class _PerLearnerDataset(values_lib.PerWorkerDatasetFromDatasetFunction):
         lambda function: (lambda: iter(function())), spec))
 
 
+class PushKey:
+  """The key and limit tensors of one traced closure (see module doc)."""
+
+  def __init__(self, key, limit):
+    self.key = key
+    self.limit = limit
+    self.runs = 0  # strategy.run calls traced with this key
+    self.in_loop = False  # one of them inside a while loop
+
+
+def current_push_key():
+  """The `PushKey` of the closure being traced, or None."""
+  return getattr(_state, "push_key", None)
+
+
+@contextlib.contextmanager
+def push_key_scope(push_key):
+  previous = current_push_key()
+  _state.push_key = push_key
+  try:
+    yield push_key
+  finally:
+    _state.push_key = previous
+
+
+# tf_keras's multi-step train function takes its step count as this argument.
+_STEPS_ARGUMENT = "steps_per_execution"
+NO_DEDUPLICATION = -1
+
+
+class _KeyedFunction:
+  """A scheduled tf.function, traced with a push key and limit in front."""
+
+  def __init__(self, function):
+    self._python_function = function.python_function
+    parameters = list(inspect.signature(self._python_function).parameters)
+    self._steps_index = (parameters.index(_STEPS_ARGUMENT)
+                         if _STEPS_ARGUMENT in parameters else None)
+    self.push_key = None
+
+    def keyed(key, limit, *args, **kwargs):
+      with push_key_scope(PushKey(key, limit)) as push_key:
+        self.push_key = push_key
+        return self._python_function(*args, **kwargs)
+    self.function = tf.function(keyed)
+
+  def trace(self, args, kwargs):
+    specs = nest_specs(tuple(args or ())), nest_specs(dict(kwargs or {}))
+    self.function.get_concrete_function(
+        tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64),
+        *specs[0], **specs[1])
+
+  def limit(self, args):
+    """Pushes one run of the closure makes, or NO_DEDUPLICATION."""
+    traced = self.push_key
+    if traced is None or traced.runs != 1:
+      return NO_DEDUPLICATION
+    if not traced.in_loop:
+      return 1
+    if self._steps_index is not None and self._steps_index < len(args):
+      return int(args[self._steps_index])
+    return NO_DEDUPLICATION
+
+
+def nest_specs(structure):
+  """Type specs of scheduled arguments, as the coordinator traces them."""
+  # pylint: disable=protected-access
+  return tf.nest.map_structure(
+      cluster_coordinator._maybe_as_type_spec,
+      cluster_coordinator._select_worker_slice(0, structure))
+
+
 class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
-  """ClusterCoordinator whose dataset functions are traced per learner."""
+  """ClusterCoordinator with per-learner inputs and keyed, idempotent pushes."""
+
+  def schedule(self, fn, args=None, kwargs=None):
+    """Schedules `fn` with a fresh push key (see the module docstring)."""
+    if not hasattr(fn, "python_function"):  # a ConcreteFunction: no keys
+      return super().schedule(fn, args=args, kwargs=kwargs)
+    # ClusterCoordinator.__init__ runs again each time tf_keras "creates" the
+    # (singleton) coordinator, so this state is made lazily.
+    if not hasattr(self, "_keyed_functions"):
+      self._keyed_functions = {}
+      self._next_key = itertools.count(1)
+      self._watch_learner_failures()
+    keyed = self._keyed_functions.get(fn)
+    if keyed is None:
+      keyed = self._keyed_functions[fn] = _KeyedFunction(fn)
+      with self.strategy.scope():
+        self.strategy.extended._being_scheduled = True  # pylint: disable=protected-access
+        try:
+          keyed.trace(args, kwargs)
+        finally:
+          self.strategy.extended._being_scheduled = False  # pylint: disable=protected-access
+    return self._schedule_keyed(keyed, next(self._next_key), args, kwargs)
+
+  def _watch_learner_failures(self):
+    """Releases a dead learner's hardsync tokens before TF re-runs its closure.
+
+    TF calls `Worker._on_closure_failure` when a learner fails mid-closure,
+    then puts the closure back on the queue; the strategy first gives back
+    whatever barrier tokens that learner held, so the re-run can pull.
+    """
+    # pylint: disable=protected-access
+    for worker in self._cluster.workers:
+      put_back = worker._on_closure_failure
+
+      def on_closure_failure(closure, error, worker=worker, put_back=put_back):
+        # In its own thread: an RPC to a ps must never stall TF's failure
+        # handling; a re-run's pull simply waits for the released token.
+        release = self.strategy._learner_failed(worker.worker_index)
+        threading.Thread(target=release, daemon=True,
+                         name="rudra-release-learner").start()
+        put_back(closure, error)
+      worker._on_closure_failure = on_closure_failure
+
+  def _schedule_keyed(self, keyed, key, args, kwargs):
+    """Schedules a keyed function; the key of a re-run equals the first's."""
+    limit = keyed.limit(tuple(args or ()))
+    return super().schedule(
+        keyed.function, args=(tf.constant(key, tf.int64),
+                              tf.constant(limit, tf.int64)) + tuple(args or ()),
+        kwargs=kwargs)
+
+  def _keyed_function(self, fn):
+    """The keyed wrapper of a function scheduled before (tests)."""
+    return self._keyed_functions[fn]
 
   def create_per_worker_dataset(self, dataset_fn):
     if callable(dataset_fn) and not isinstance(

@@ -122,9 +122,9 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   def variables(self):
     shard_variables = []
     for shard in getattr(self, "_rudra_shards", None) or ():
-      shard_variables += [shard.timestamp, shard.pending, shard.received,
-                          shard.dropped, shard.staleness_sum,
-                          shard.staleness_max, shard.histogram]
+      shard_variables += [shard.timestamp, shard.pending, shard.counts,
+                          shard.dropped, shard.duplicates,
+                          shard.staleness_max]
       shard_variables += list(shard.accumulators)
     return list(self._optimizer.variables) + shard_variables
 
@@ -170,11 +170,13 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     return self.iterations
 
   def _apply_update(self, mean_grads_and_vars, timestamp):
-    """One update on one shard, run inside the shard's lock."""
+    """One update on one shard at `timestamp` (the shard clock's value
+    before the update); run inside the shard's lock, except on the async
+    fast path (`consistent_pulls=False`)."""
     inner = self._optimizer
     base = inner._learning_rate  # pylint: disable=protected-access
     if isinstance(base, _LearningRateSchedule):
-      base = base(timestamp.live_read())
+      base = base(timestamp)
     learning_rate = tf.convert_to_tensor(base) * self._lr_multiplier
     with _swapped_attributes(inner, _learning_rate=learning_rate,
                              _iterations=timestamp):

@@ -14,6 +14,10 @@ class ShardReport:
     gradients: gradients it received (accepted and dropped).
     pending: accepted gradients waiting for the next update.
     dropped: gradients refused by max_staleness.
+    duplicates: pushes refused because an earlier run of the same scheduled
+      closure had already delivered them (a learner died and TF re-ran its
+      closure); not counted in `gradients`.
+    learner_gradients: int64 array, gradients received from each learner.
     histogram: int64 array, histogram[σ] = gradients received with staleness
       σ; the last bin counts σ >= its index.
     mean: exact mean staleness of the received gradients (0 if none).
@@ -26,16 +30,20 @@ class ShardReport:
   histogram: np.ndarray
   mean: float
   max: int
+  duplicates: int = 0
+  learner_gradients: np.ndarray = None
 
   @classmethod
   def from_counters(cls, timestamp, pending, received, dropped, staleness_sum,
-                    staleness_max, histogram):
+                    staleness_max, histogram, duplicates=0,
+                    learner_gradients=()):
     received = int(received)
     return cls(timestamp=int(timestamp), gradients=received,
                pending=int(pending), dropped=int(dropped),
                histogram=np.asarray(histogram, np.int64),
                mean=float(staleness_sum) / received if received else 0.0,
-               max=int(staleness_max))
+               max=int(staleness_max), duplicates=int(duplicates),
+               learner_gradients=np.asarray(learner_gradients, np.int64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +75,8 @@ class StalenessReport(ShardReport):
 
   @classmethod
   def empty(cls, protocol, bins):
-    zeros = ShardReport.from_counters(0, 0, 0, 0, 0, 0, np.zeros(bins))
+    zeros = ShardReport.from_counters(0, 0, 0, 0, 0, 0, np.zeros(bins), 0,
+                                      np.zeros(protocol.num_learners))
     return cls(**dataclasses.asdict(zeros), protocol=protocol.name,
         num_learners=protocol.num_learners,
         gradients_per_update=protocol.gradients_per_update, shards=())
@@ -78,5 +87,6 @@ class StalenessReport(ShardReport):
     return (f"{self.protocol} (λ={self.num_learners}, "
             f"c={self.gradients_per_update}): updates={self.timestamp} "
             f"gradients={self.gradients} pending={self.pending} "
-            f"dropped={self.dropped} staleness mean={self.mean:.3f} "
+            f"dropped={self.dropped} duplicates={self.duplicates} "
+            f"staleness mean={self.mean:.3f} "
             f"max={self.max} histogram={self.histogram[:last + 1].tolist()}")

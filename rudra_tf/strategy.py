@@ -2,12 +2,14 @@
 
 import contextlib
 
+from absl import logging
 import tensorflow as tf
 from tensorflow.python.autograph.core import ag_ctx
 from tensorflow.python.autograph.impl import api as autograph
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import input_util
 from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
+from tensorflow.python.distribute.coordinator import coordinator_context
 from tensorflow.python.framework import ops
 
 from rudra_tf import coordinator as coordinator_lib
@@ -132,7 +134,9 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   Consistency: with `consistent_pulls=True` (the default) a pull reads a
   shard's weights and timestamp under the shard's lock, so they always belong
   to the same version. `consistent_pulls=False` reads without the lock:
-  faster, but the weights may mix two versions (and then σ is approximate).
+  faster, but the weights may mix two versions (and then σ is approximate);
+  async then also applies each update outside the shard's lock, like stock
+  ParameterServerStrategy (the clock, σ and the counters stay exact).
 
   Input: a dataset function (`tf_keras.utils.experimental.DatasetCreator`, or
   `distribute_datasets_from_function`) receives
@@ -147,8 +151,14 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     * One replica per learner task (no multi-GPU learners).
     * Sparse gradients (embeddings) are accumulated densely.
     * evaluate and predict steps read the live weights without the lock.
-    * A hardsync learner that dies between its pull and its push leaves its
-      round one gradient short (fault tolerance is not handled here).
+    * hardsync needs every trainable variable on one ps task: with several
+      shards the per-shard barriers were seen to deadlock, so it is refused.
+    * Faults (docs/reliability.md): a learner that dies mid-closure has its
+      closure re-run by TF; pushes its first run had delivered are refused
+      (`staleness_report().duplicates`) when the closure's step count is
+      known (tf_keras fit, or one `strategy.run` per scheduled function),
+      and a dead hardsync learner's barrier token is released. A dead ps
+      task loses its shard: resume from a checkpoint.
     * Trainable variables must exist before the first training step.
     * One RudraStrategy (and one cluster) per process: TensorFlow connects a
       process to one cluster, and a second strategy was seen to hang.
@@ -174,6 +184,7 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     self._trainable_variables = []
     self._shards = None
     self._optimizer = None
+    self._incarnations = [0] * num_learners
     super().__init__(cluster_resolver, variable_partitioner)
     self._extended.__class__ = RudraExtended
     # ClusterCoordinator is one per strategy: tf_keras's fit then finds this.
@@ -224,6 +235,12 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     by_device = {}
     for variable in self._trainable_variables:
       by_device.setdefault(variable.device, []).append(variable)
+    if self._protocol.barrier and len(by_device) > 1:
+      raise ValueError(
+          f"hardsync with trainable variables on {len(by_device)} ps tasks "
+          "deadlocks in this release (each shard's barrier runs its own "
+          "rounds; known issue): put the model on one ps task, or use "
+          "'1-softsync' (the same c = λ gradients per update, no barrier).")
     bins = protocol_lib.histogram_bins(self._protocol.num_learners)
     in_replica = tf.distribute.has_strategy() and \
         not tf.distribute.in_cross_replica_context()
@@ -253,16 +270,25 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     if _is_inference_step(fn):
       return super().run(fn, args, kwargs, options)
     converted = autograph.tf_convert(fn, ag_ctx.control_status_ctx())
+    push_key = coordinator_lib.current_push_key()
+    if push_key is not None:
+      push_key.runs += 1
+      push_key.in_loop |= _inside_while_loop()
 
     @tf.autograph.experimental.do_not_convert
     def pulled_step(*step_args, **step_kwargs):
-      with variables_lib.pull_scope(self._pull()):
+      pulled = self._pull()
+      pulled.push_key = push_key
+      with variables_lib.pull_scope(pulled):
         return converted(*step_args, **step_kwargs)
 
     return super().run(pulled_step, args, kwargs, options)
 
   def _pull(self):
     pulled = variables_lib.PulledWeights()
+    pulled.learner = _current_learner()
+    if self._protocol.barrier:
+      pulled.incarnation = self._current_incarnation()
     for shard in self._ensure_shards():
       shard.pull(pulled, consistent=self._consistent_pulls)
     return pulled
@@ -279,8 +305,43 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       if shard.index in per_shard:
         staleness.append(shard.push(
             per_shard[shard.index], pulled.timestamps[shard.index],
-            apply_update, lr_policy, self._max_staleness))
+            apply_update, lr_policy, self._max_staleness,
+            consistent=self._consistent_pulls, push_key=pulled.push_key,
+            learner=pulled.learner, incarnation=pulled.incarnation))
     return staleness
+
+  def _current_incarnation(self):
+    """The dispatching learner's incarnation (a call-time int64 tensor)."""
+    incarnations = self._incarnations
+
+    def at_dispatch():
+      context = coordinator_context.get_current_dispatch_context()
+      return incarnations[context.worker_index] if context else 0
+    return ops.get_default_graph().capture_call_time_value(
+        at_dispatch, tf.TensorSpec([], tf.int64))
+
+  def _learner_failed(self, learner):
+    """Called by RudraCoordinator as TF re-queues a dead learner's closure.
+
+    Returns a function to run in a thread of its own (ps RPCs)."""
+    self._incarnations[learner] += 1  # closures dispatched from now on
+    return lambda: self._release_learner(learner)
+
+  def _release_learner(self, learner):
+    """Gives back the hardsync tokens of a learner that died (chief side)."""
+    if not self._protocol.barrier or self._shards is None:
+      return
+    for shard in self._shards:
+      try:
+        released = shard.release_learner(learner)
+      except tf.errors.OpError as error:  # the ps is gone too: TF reports it
+        logging.warning("could not release learner %d's tokens on shard %d:"
+                        " %s", learner, shard.index, error)
+        continue
+      if released:
+        logging.warning("learner %d failed holding %d hardsync token(s) of "
+                        "shard %d; released them for the re-run", learner,
+                        released, shard.index)
 
   # ----------------------------------------------------------------- report
   def staleness_report(self):
@@ -290,6 +351,21 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       return report_lib.StalenessReport.empty(self._protocol, bins)
     return report_lib.StalenessReport.from_shards(
         self._protocol, [shard.read_statistics() for shard in self._shards])
+
+
+def _current_learner():
+  """The index of the learner running this step (a call-time int64 tensor)."""
+  return tf.distribute.coordinator.experimental_get_current_worker_index()
+
+
+def _inside_while_loop():
+  """True while tracing the body of a tf.while_loop (a multi-step loop)."""
+  graph = ops.get_default_graph()
+  while graph is not None:
+    if getattr(graph, "name", "").startswith("while_body"):
+      return True
+    graph = getattr(graph, "outer_graph", None)
+  return False
 
 
 def _split_sharded(grads_and_vars):

@@ -32,11 +32,18 @@ class PulledWeights:
   Attributes:
     snapshots: maps `id(RudraVariable)` to the snapshot tensor on its ps task.
     timestamps: maps a shard's index to the timestamp tensor read with it.
+    push_key: the closure's `coordinator.PushKey`, or None (no
+      de-duplication).
+    learner: the index of the learner that pulled (an int64 tensor).
+    incarnation: hardsync: that learner's incarnation (an int64 tensor).
   """
 
   def __init__(self):
     self.snapshots = {}
     self.timestamps = {}
+    self.push_key = None
+    self.learner = None
+    self.incarnation = None
 
 
 def _stack():

@@ -119,7 +119,8 @@ def fit_and_report(num_learners, protocol, epochs=1, steps=40, num_ps=1,
 
 
 def linear_updates(num_learners, protocol, lr_policy, steps, learning_rate=0.1,
-                   schedule=None, max_staleness=None, num_ps=1):
+                   schedule=None, max_staleness=None, num_ps=1,
+                   consistent_pulls=True):
   """Loss = mean(w·x) with x = 1: every learner's gradient is exactly 1.
 
   The final w is then a hand-computable function of the protocol, the policy
@@ -130,7 +131,8 @@ def linear_updates(num_learners, protocol, lr_policy, steps, learning_rate=0.1,
   import tf_keras  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
   _, strategy = _connect(num_ps, num_learners, protocol,
-                         max_staleness=max_staleness)
+                         max_staleness=max_staleness,
+                         consistent_pulls=consistent_pulls)
   if schedule is not None:
     boundaries, values = schedule
     learning_rate = tf_keras.optimizers.schedules.PiecewiseConstantDecay(
@@ -350,3 +352,75 @@ def learner_input_contexts(num_learners=3, steps=12):
   return {"contexts": seen, "loss": history.history["loss"],
           "report": _report(strategy), "finite": bool(np.isfinite(
               history.history["loss"][0]))}
+
+
+# ------------------------------------------------------ idempotent pushes
+def rerun_closures(protocol="async", consistent_pulls=True, steps=3,
+                   runs_per_step=1, reruns=(2,), learning_rate=0.1):
+  """Schedules `steps` keyed closures, then runs some again with their key.
+
+  Loss = mean(w·x) with x = 1, plain SGD: every accepted gradient moves w by
+  exactly -learning_rate, so w counts the applied gradients. A closure runs
+  `runs_per_step` training steps: 1 (one strategy.run), k > 1 (tf_keras's
+  convention: a tf.range loop over a `steps_per_execution` argument), or
+  "two_runs" (two strategy.run calls: the limit cannot be known).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, 2, protocol, consistent_pulls=consistent_pulls)
+  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+      strategy)
+  with strategy.scope():
+    w = tf.Variable(0.0)
+    optimizer = rudra_tf.StalenessAwareOptimizer(
+        tf_keras.optimizers.SGD(learning_rate))
+    optimizer.build([w])
+
+  def replica_step():
+    with tf.GradientTape() as tape:
+      loss = w * 1.0
+    optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+
+  if runs_per_step == "two_runs":
+    @tf.function
+    def closure(dummy):
+      del dummy
+      strategy.run(replica_step)
+      strategy.run(replica_step)
+    args = (tf.constant(0),)
+  elif runs_per_step == 1:
+    @tf.function
+    def closure(dummy):
+      del dummy
+      strategy.run(replica_step)
+    args = (tf.constant(0),)
+  else:
+    @tf.function
+    def closure(dummy, steps_per_execution):
+      del dummy
+      for _ in tf.range(steps_per_execution):
+        strategy.run(replica_step)
+    args = (tf.constant(0), tf.constant(runs_per_step, tf.int64))
+  for _ in range(steps):
+    coordinator.schedule(closure, args=args)
+  coordinator.join()
+  keyed = coordinator._keyed_function(closure)  # pylint: disable=protected-access
+  for key in reruns:  # as TF does after a worker failure: same closure again
+    coordinator._schedule_keyed(keyed, key, args, None)  # pylint: disable=protected-access
+  coordinator.join()
+  return {"w": float(np.asarray(w.read_value())), "report": _report(strategy),
+          "limit": keyed.limit(args)}
+
+
+def hardsync_on_two_shards():
+  """hardsync with variables on two ps tasks must be refused, clearly."""
+  _, strategy = _connect(2, 2, "hardsync")
+  model = _compiled_mlp(strategy, "sgd_momentum", "none")
+  x, y = _data()
+  try:
+    model.fit(_dataset(x, y, 4), epochs=1, steps_per_epoch=4, verbose=0)
+  except ValueError as error:
+    return str(error)
+  return "not refused"

@@ -9,13 +9,12 @@ import sys
 import time
 import types
 
-import psutil
 import pytest
 from absl import flags as absl_flags
 
 from launch import flags as launch_flags
+from tests.processes import REPO, assert_all_gone, descendants, launch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_JOB = ["--model=mlp", "--dataset=synthetic", "--learners=2",
              "--ps_tasks=1", "--protocol=async", "--epochs=1",
              "--steps_per_epoch=12", "--minibatch=8"]
@@ -27,7 +26,8 @@ def flag_values(**overrides):
                 lr_policy="divide_by_n", minibatch=None, global_batch=None,
                 epochs=1, steps_per_epoch=None, max_staleness=None,
                 checkpoint_dir=None, log_dir=None, results=None, seed=0,
-                gpus=0, steps_per_execution=1, emulated_step_ms=[])
+                gpus=0, steps_per_execution=1, emulated_step_ms=[],
+                learner_restarts=3, kill_task=[])
   values.update(overrides)
   return types.SimpleNamespace(**values)
 
@@ -104,29 +104,6 @@ def test_malformed_tf_config(text, fragment):
   assert "\n" not in str(error.value)
 
 
-def launch(args, env_extra=None, **popen):
-  environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-                     PYTHONPATH=REPO, **(env_extra or {}))
-  environment.pop("TF_CONFIG", None)
-  environment.update(env_extra or {})
-  return subprocess.Popen([sys.executable, "-m", "launch.train", *args],
-                          cwd=REPO, env=environment, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, **popen)
-
-
-def descendants(process):
-  try:
-    return psutil.Process(process.pid).children(recursive=True)
-  except psutil.NoSuchProcess:
-    return []
-
-
-def assert_all_gone(children):
-  gone, alive = psutil.wait_procs(children, timeout=15)
-  assert not alive, f"orphan processes: {alive}"
-  assert len(gone) == len(children)
-
-
 def test_cli_errors_are_one_line_before_any_server(tmp_path):
   bad = launch(["--learners=0"])
   out, _ = bad.communicate(timeout=60)
@@ -173,17 +150,20 @@ def test_local_cluster_trains_and_leaves_no_process(tmp_path):
              for p in (tmp_path / "logs").iterdir())
 
 
-def start_long_job():
+def start_long_job(extra=()):
   """Starts a job that trains for long; returns it once the chief trains."""
-  job = launch(SMALL_JOB[:-2] + ["--steps_per_epoch=100000", "--minibatch=8"])
+  job = launch(SMALL_JOB[:-2] + ["--steps_per_epoch=100000", "--minibatch=8",
+                                 *extra])
   for line in job.stdout:
     if line.startswith("[chief:0]") and "gradients per epoch" in line:
       return job, descendants(job)
   raise AssertionError(f"the chief never started: {job.wait()}")
 
 
-def test_killing_a_learner_stops_every_task():
-  job, children = start_long_job()
+def test_a_learner_beyond_its_restarts_stops_every_task():
+  # tests/test_faults.py covers restarts; with none allowed, a dead learner
+  # ends the job and takes every other task with it.
+  job, children = start_long_job(["--learner_restarts=0"])
   worker = next(p for p in children
                 if "worker" in json.loads(p.environ()["TF_CONFIG"])["task"]
                 ["type"])

@@ -137,6 +137,26 @@ def test_max_staleness_drops_and_counts_stale_gradients():
   assert_invariants(report)
 
 
+def test_async_fast_path_applies_outside_the_lock_with_exact_counters():
+  # consistent_pulls=False: async updates run outside the shard lock; the
+  # clock and the counters are still kept under it. Every gradient is 1 and
+  # plain SGD adds -α·w(σ) per accepted gradient (an atomic assign_add), so
+  # the sum is exact whatever the interleaving: divide_by_staleness with
+  # max_staleness = 2 gives w = -0.1 · Σ_{σ<=2} count(σ) / max(σ, 1).
+  result = run_in_fresh_process(
+      scenarios.linear_updates, num_learners=4, protocol="async",
+      lr_policy="divide_by_staleness", steps=48, max_staleness=2,
+      consistent_pulls=False)
+  report = result["report"]
+  histogram = report["histogram"]
+  assert report["gradients"] == 48
+  assert report["dropped"] == histogram[3:].sum()
+  assert report["timestamp"] == 48 - report["dropped"]
+  assert_invariants(report)
+  expected = -0.1 * sum(histogram[s] / max(s, 1) for s in range(3))
+  assert result["kernel"] == pytest.approx(expected, rel=1e-5)
+
+
 # --------------------------------------------------------------- placement
 def test_two_ps_tasks_spread_and_partitioned_variables_match():
   plain = run_in_fresh_process(scenarios.two_ps_training, partitioned=False)
@@ -244,3 +264,54 @@ def test_each_learner_gets_its_own_input_context():
                                 num_learners=3)
   assert sorted(result["contexts"]) == [(3, 0), (3, 1), (3, 2)]
   assert result["finite"] and result["report"]["gradients"] == 12
+
+
+# ------------------------------------------------------ idempotent pushes
+@pytest.mark.parametrize("protocol,consistent_pulls", [
+    ("async", True), ("async", False), ("1-softsync", True)])
+def test_a_rerun_closure_applies_nothing_twice(protocol, consistent_pulls):
+  # 3 closures of one step each (keys 1, 2, 3), then closure 2 runs again,
+  # as TF re-runs a closure whose worker died after its push: the shard
+  # refuses it and counts a duplicate. Each accepted gradient moves w by
+  # -0.1 (1-softsync, λ = 2: c = 2, so 3 gradients = 1 update + 1 pending).
+  result = run_in_fresh_process(
+      scenarios.rerun_closures, protocol=protocol,
+      consistent_pulls=consistent_pulls, steps=3, reruns=(2,))
+  report = result["report"]
+  assert result["limit"] == 1
+  assert report["duplicates"] == 1 and report["gradients"] == 3
+  assert_invariants(report)
+  expected_updates = 3 if protocol == "async" else 1
+  assert report["timestamp"] == expected_updates
+  assert result["w"] == pytest.approx(-0.1 * expected_updates, rel=1e-6)
+
+
+def test_a_rerun_multi_step_closure_is_refused_up_to_its_step_count():
+  # tf_keras's multi-step convention: 3 steps per closure (limit 3). Keys 1
+  # and 2 deliver 6 gradients; running both again delivers nothing new.
+  result = run_in_fresh_process(
+      scenarios.rerun_closures, steps=2, runs_per_step=3, reruns=(1, 2))
+  report = result["report"]
+  assert result["limit"] == 3
+  assert report["gradients"] == 6 and report["duplicates"] == 6
+  assert result["w"] == pytest.approx(-0.6, rel=1e-6)
+
+
+def test_a_closure_of_unknown_step_count_is_not_deduplicated():
+  # Two strategy.run calls per closure: the limit cannot be known, so no
+  # push is refused (documented): the re-run's 2 gradients are applied.
+  result = run_in_fresh_process(
+      scenarios.rerun_closures, steps=2, runs_per_step="two_runs",
+      reruns=(1,))
+  report = result["report"]
+  assert result["limit"] == -1
+  assert report["gradients"] == 6 and report["duplicates"] == 0
+  assert result["w"] == pytest.approx(-0.6, rel=1e-6)
+
+
+def test_hardsync_on_two_shards_is_refused_not_deadlocked():
+  # Known issue: per-shard hardsync barriers deadlock with two ps tasks
+  # holding variables; the strategy refuses it with a clear error instead.
+  message = run_in_fresh_process(scenarios.hardsync_on_two_shards, timeout=120)
+  assert "hardsync with trainable variables on 2 ps tasks" in message
+  assert "'1-softsync'" in message

@@ -146,3 +146,43 @@ def test_tape_records_a_pulled_read_as_a_variable_read():
 
   # d/dv Σ v² at the pulled value [3, 5], not at the live [1, 2].
   assert gradient().numpy().tolist() == [6.0, 10.0]
+
+
+def test_coordinator_hooks_behind_push_keys():
+  # RudraCoordinator traces a keyed wrapper the way Closure does, and reads
+  # tf_keras's multi-step step count from this argument name.
+  from tensorflow.python.distribute.coordinator import cluster_coordinator
+  from tf_keras.src.engine import training
+  for name in ("_maybe_as_type_spec", "_select_worker_slice"):
+    assert hasattr(cluster_coordinator, name), name
+  assert "_being_scheduled" in inspect.getsource(
+      cluster_coordinator.ClusterCoordinator.schedule)
+  source = inspect.getsource(training.Model.make_train_function)
+  assert "def train_function(iterator, steps_per_execution)" in source
+  assert "args=(it, self._steps_per_execution.value())" in source
+  # A re-run closure is put back on the queue, same object, same arguments.
+  assert "put_back(closure)" in inspect.getsource(
+      cluster_coordinator.Worker._on_closure_failure)
+
+
+def test_worker_failure_hook_behind_hardsync_token_release():
+  # RudraCoordinator wraps Worker._on_closure_failure(closure, error), which
+  # TF calls from _process_closure's failure handler before re-running it.
+  from tensorflow.python.distribute.coordinator import cluster_coordinator
+  worker = cluster_coordinator.Worker
+  assert list(inspect.signature(worker._on_closure_failure).parameters) == [
+      "self", "closure", "e"]
+  assert "self._on_closure_failure(closure, e)" in inspect.getsource(
+      worker._process_closure)
+  assert "self.workers" in inspect.getsource(cluster_coordinator.Cluster)
+
+
+def test_call_time_captures_behind_learner_identity():
+  # A step knows its learner and (hardsync) that learner's incarnation
+  # through call-time captures, evaluated by the coordinator at dispatch.
+  from tensorflow.python.distribute.coordinator import coordinator_context
+  from tensorflow.python.framework import func_graph
+  assert hasattr(func_graph.FuncGraph, "capture_call_time_value")
+  assert hasattr(coordinator_context, "get_current_dispatch_context")
+  assert "capture_call_time_value" in inspect.getsource(
+      coordinator_context.get_current_worker_index)

@@ -1,0 +1,133 @@
+"""Fault tolerance of a real multi-process cluster, with injected faults.
+
+Every fault is injected deterministically with launch/train.py's
+--kill_task=TYPE:INDEX@STEP: the chief sends SIGKILL to that task once the
+parameter server has received STEP gradients. The tests are written once, in
+`FaultToleranceMixin`, and run at two cluster sizes.
+
+What each test asserts is exact, whatever the timing of the kill:
+* a learner's death loses nothing and applies nothing twice: the ps ends
+  with exactly epochs × steps_per_epoch accepted gradients (a re-run
+  closure's push is refused and counted as a duplicate), the invariant
+  timestamp · c + pending == gradients - dropped holds, and the restarted
+  learner pushes again;
+* a ps or chief death stops the job with an error naming it, and the same
+  command (without the injected fault) resumes from the last checkpoint:
+  the counters continue from the checkpoint, so they end at the same exact
+  totals as an uninterrupted run.
+"""
+
+import json
+import threading
+
+import pytest
+
+from tests.processes import assert_all_gone, descendants, launch
+
+JOB_TIMEOUT_S = 240
+
+
+class FaultToleranceMixin:
+  """The fault-tolerance tests; subclasses set the cluster size."""
+
+  NUM_LEARNERS = None
+  NUM_PS = None
+
+  def run_job(self, tmp_path, *extra, protocol="async", epochs=2,
+              steps_per_epoch=500):
+    results = tmp_path / "results.json"
+    if results.exists():
+      results.unlink()
+    job = launch(["--model=mlp", "--dataset=synthetic", "--minibatch=8",
+                  f"--learners={self.NUM_LEARNERS}",
+                  f"--ps_tasks={self.NUM_PS}", f"--protocol={protocol}",
+                  f"--epochs={epochs}", f"--steps_per_epoch={steps_per_epoch}",
+                  "--lr=0.05", f"--results={results}", *extra])
+    children, lines = [], []
+    # A hang must fail the test, not the suite: kill the launcher (its tasks
+    # die with it) if the job outlives its time.
+    deadline = threading.Timer(JOB_TIMEOUT_S, job.kill)
+    deadline.start()
+    try:
+      for line in job.stdout:
+        lines.append(line)
+        if not children and line.startswith("[chief:0]"):
+          children = descendants(job)
+      job.wait()
+    finally:
+      deadline.cancel()
+    assert_all_gone(children)
+    assert job.returncode != -9, (
+        f"the job hung for {JOB_TIMEOUT_S} s:\n" + "".join(lines)[-3000:])
+    saved = json.loads(results.read_text()) if results.exists() else None
+    return job.returncode, "".join(lines), saved
+
+  def assert_exact_totals(self, saved, gradients):
+    c = saved["gradients_per_update"]
+    counts = {name: saved[name] for name in (
+        "gradients", "updates", "pending", "dropped", "duplicates",
+        "staleness_histogram", "learner_gradients")}
+    assert saved["gradients"] == gradients, counts
+    assert saved["dropped"] == 0, counts
+    assert saved["updates"] * c + saved["pending"] == gradients, counts
+    assert sum(saved["staleness_histogram"]) == gradients, counts
+    assert sum(saved["learner_gradients"]) == gradients, counts
+
+  @pytest.mark.parametrize("protocol", ["async", "hardsync"])
+  def test_a_killed_learner_rejoins_and_nothing_is_applied_twice(
+      self, tmp_path, protocol):
+    code, output, saved = self.run_job(
+        tmp_path, "--kill_task=worker:1@20", protocol=protocol)
+    assert code == 0, output
+    assert "fault injection: killing worker:1" in output
+    assert "[launcher] task worker:1 exited with code -9; restarting" in output
+    self.assert_exact_totals(saved, 1000)
+    if protocol == "hardsync":
+      assert saved["staleness_histogram"] == [1000]  # σ = 0, even then
+    # Learner 1 had pushed at most 20 (+1 in flight) when it was killed;
+    # more means the restarted learner pushed again.
+    assert saved["learner_gradients"][1] > 25, saved["learner_gradients"]
+    print(f"{protocol}: learner gradients {saved['learner_gradients']}, "
+          f"duplicates refused {saved['duplicates']}")
+
+  @pytest.mark.parametrize("task,message", [
+      ("ps:0", "task ps:0 exited with code -9 before the chief finished; run "
+               "the same command again with the same --checkpoint_dir"),
+      ("chief:0", "the chief exited with code -9; stopped every task. Run the "
+                  "same command again with the same --checkpoint_dir"),
+  ])
+  def test_a_killed_task_stops_the_job_and_the_same_command_resumes(
+      self, tmp_path, task, message):
+    checkpoint = f"--checkpoint_dir={tmp_path / 'checkpoints'}"
+    # Killed in epoch 2, after epoch 1 was saved.
+    code, output, _ = self.run_job(tmp_path, checkpoint,
+                                   f"--kill_task={task}@750")
+    assert code != 0, output
+    assert message in output, output[-2000:]
+    code, output, saved = self.run_job(tmp_path, checkpoint)
+    assert code == 0, output
+    assert "resumed from" in output and "after epoch 1" in output
+    assert "epoch 2/2" in output and "epoch 1/2" not in output
+    self.assert_exact_totals(saved, 1000)
+
+
+class TestTwoLearnersOnePs(FaultToleranceMixin):
+  NUM_LEARNERS = 2
+  NUM_PS = 1
+
+
+class TestThreeLearnersOnePs(FaultToleranceMixin):
+  NUM_LEARNERS = 3
+  NUM_PS = 1
+
+
+class TestTwoLearnersTwoPs(FaultToleranceMixin):
+  """Two shards (hardsync is refused with two ps tasks: rudra_tf/strategy.py)."""
+  NUM_LEARNERS = 2
+  NUM_PS = 2
+
+  @pytest.mark.parametrize("protocol", ["async"])
+  def test_a_killed_learner_rejoins_and_nothing_is_applied_twice(
+      self, tmp_path, protocol):
+    super().test_a_killed_learner_rejoins_and_nothing_is_applied_twice(
+        tmp_path, protocol)
