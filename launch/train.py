@@ -167,7 +167,9 @@ def run_chief(config, spec):
       try:
         checkpoint.restore(
             manager.latest_checkpoint).assert_existing_objects_matched()
-      except (tf.errors.OpError, AssertionError, ValueError) as error:
+      except Exception as error:  # pylint: disable=broad-except
+        # A truncated file surfaces as IndexError, a bad one as an OpError,
+        # a model mismatch as AssertionError/ValueError: all mean "unusable".
         raise CheckpointUnusableError(
             f"cannot resume from {manager.latest_checkpoint}: "
             f"{str(error).splitlines()[0][:300]}; it is corrupt or from "
@@ -282,6 +284,8 @@ def main(argv):
         learner_restarts=config.learner_restarts)
     try:
       code = cluster.run()
+      if code == 2:  # the chief already said what was wrong with the input
+        return code
       if code:
         resume = (" with the same --checkpoint_dir to resume from the last "
                   "checkpoint" if config.checkpoint_dir else "")
