@@ -117,8 +117,12 @@ class _KeyedFunction:
   """A scheduled tf.function, traced with a push key and limit in front."""
 
   def __init__(self, function):
-    self._python_function = function.python_function
-    parameters = list(inspect.signature(self._python_function).parameters)
+    # Converted as the scheduled tf.function would have been: tf_keras's
+    # multi-step train function loops with `for _ in tf.range(...)`, and
+    # autograph leaves Keras modules alone unless asked explicitly.
+    self._python_function = tf.autograph.to_graph(function.python_function)
+    parameters = list(
+        inspect.signature(function.python_function).parameters)
     self._steps_index = (parameters.index(_STEPS_ARGUMENT)
                          if _STEPS_ARGUMENT in parameters else None)
     self.push_key = None
