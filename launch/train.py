@@ -14,6 +14,7 @@ exit 0; the "chief" trains, evaluates on the test split and writes results.
 
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -114,7 +115,6 @@ class ParameterServerLostError(RuntimeError):
 
 def _lost_ps_tasks(error):
   """The ps tasks an UnavailableError names, as ["ps:0", ...]."""
-  import re  # pylint: disable=g-import-not-at-top
   found = sorted(set(re.findall(r"/job:ps/replica:\d+/task:(\d+)",
                                 str(error))), key=int)
   return [f"ps:{index}" for index in found]

@@ -35,8 +35,8 @@ def _read_slot(variable, slot):
 
 def _on_device(push_key):
   """A copy of a PushKey whose tensors were copied to the current device."""
-  copy = type(push_key)(tf.identity(push_key.key), tf.identity(push_key.limit))
-  return copy
+  return type(push_key)(tf.identity(push_key.key),
+                        tf.identity(push_key.limit))
 
 
 def _write_slot(variable, slot, value):
