@@ -57,6 +57,14 @@ class TaskFailedError(RuntimeError):
   """A task exited with an error, or never started serving."""
 
 
+def _task_failed(task, code):
+  hint = ("; run the same command again with the same --checkpoint_dir to "
+          "resume from the last checkpoint"
+          if task.name.startswith("ps") else "")
+  return TaskFailedError(f"task {task.name} exited with code {code} before "
+                         f"the chief finished{hint}")
+
+
 def make_cluster_spec(num_learners, num_ps, host="127.0.0.1"):
   """A cluster spec with a chief, λ workers and the ps tasks on free ports.
 
@@ -199,11 +207,14 @@ class LocalProcessCluster:
           time.sleep(LEARNER_RESTART_DELAY_S)
           self._start("worker", int(task.name.split(":")[1]))
           continue
-      hint = ("; run the same command again with the same --checkpoint_dir "
-              "to resume from the last checkpoint"
-              if task.name.startswith("ps") else "")
-      raise TaskFailedError(f"task {task.name} exited with code {code} "
-                            f"before the chief finished{hint}")
+      raise _task_failed(task, code)
+
+  def _raise_if_a_ps_died(self):
+    """After a failed chief: a ps that died first is the cause to name."""
+    for task in self.tasks:
+      code = task.poll()
+      if code and task.name.startswith("ps"):
+        raise _task_failed(task, code)
 
   def run(self):
     """Runs the job; returns the chief's exit code. Always stops every task."""
@@ -226,6 +237,8 @@ class LocalProcessCluster:
         self._check_alive()
         time.sleep(0.2)
       chief.wait_output()
+      if chief.poll():
+        self._raise_if_a_ps_died()
       return chief.poll()
     finally:
       self.shutdown()

@@ -10,9 +10,9 @@ dataset functions once per learner inside `learner_scope(i)`, and
 Push keys (idempotent pushes). TF runs a scheduled function at least once: if
 its worker dies mid-closure, the closure runs again on another worker, and
 the pushes its first run had already made would be applied a second time.
-Every scheduled closure gets a key (1, 2, 3, ...) and a limit, the number of
-pushes one run of it makes; each shard accepts at most `limit` pushes per key
-and counts the rest as duplicates (`StalenessReport.duplicates`). So each
+Every scheduled closure gets a key (k, k+1, ..., from a random base k) and a
+limit, the number of pushes one run of it makes; each shard accepts at most
+`limit` pushes per key and counts the rest as duplicates (`StalenessReport.duplicates`). So each
 scheduled training step contributes exactly one gradient, whichever run
 delivered it. The limit is 1 for a function with one training step, the
 `steps_per_execution` argument for tf_keras's multi-step train function, and
@@ -23,6 +23,7 @@ or one inside a loop of unknown length).
 import contextlib
 import inspect
 import itertools
+import random
 import threading
 
 import tensorflow as tf
@@ -159,6 +160,15 @@ def nest_specs(structure):
       cluster_coordinator._select_worker_slice(0, structure))
 
 
+def first_push_key():
+  """A random base for one run's push keys (1, 2, 3, ... after it).
+
+  A restored checkpoint remembers the keys its run had seen; a new run's
+  keys start elsewhere (2^40 bases), so none of its pushes is refused.
+  """
+  return random.SystemRandom().getrandbits(40) + 1
+
+
 class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
   """ClusterCoordinator with per-learner inputs and keyed, idempotent pushes."""
 
@@ -170,7 +180,8 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     # (singleton) coordinator, so this state is made lazily.
     if not hasattr(self, "_keyed_functions"):
       self._keyed_functions = {}
-      self._next_key = itertools.count(1)
+      self._first_key = first_push_key()
+      self._next_key = itertools.count(self._first_key)
       self._watch_learner_failures()
     keyed = self._keyed_functions.get(fn)
     if keyed is None:

@@ -122,9 +122,7 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   def variables(self):
     shard_variables = []
     for shard in getattr(self, "_rudra_shards", None) or ():
-      shard_variables += [shard.timestamp, shard.pending, shard.counts,
-                          shard.dropped, shard.duplicates,
-                          shard.staleness_max]
+      shard_variables += [shard.timestamp, shard.ledger]
       shard_variables += list(shard.accumulators)
     return list(self._optimizer.variables) + shard_variables
 

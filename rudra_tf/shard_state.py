@@ -13,6 +13,19 @@ sequence of pushes:
 
     timestamp * c + pending == received - dropped
 
+One ledger, one write. TensorFlow aborts a dead learner's step on the ps
+part-way: ops of a locked section that had not run yet never run (seen in
+fault tests: an update applied whose counters were never written; a hardsync
+token taken and never recorded, which hung the barrier). So every counter of
+a shard (clock, pending, received, histogram, hardsync tokens, the push keys
+seen, ...) lives in ONE int64 vector, the ledger, and each locked section
+changes it with exactly one write, computed from one read. A section cut
+short therefore either happened entirely, as far as the counters go, or not
+at all. The ledger is written before the gradient touches the weights: a cut
+after the write loses (part of) that one gradient, and a cut before it leaves
+nothing recorded, so TensorFlow's re-run of the closure delivers it. No
+gradient is applied twice, and the invariant above holds exactly.
+
 The protocol rules themselves come from `protocol.py`.
 """
 
@@ -26,22 +39,71 @@ _INT = tf.int64
 # that TF re-runs is put back at the front of the queue, so its keys come
 # back within about λ closures; 1024 slots leave a wide margin.
 PUSH_KEY_SLOTS = 1024
+# Spare hardsync wake-ups rung when a learner dies: a wake-up the dead
+# learner had taken without recording it is lost with it; spares only cost
+# a waiting pull one more look at the ledger.
+_SPARE_WAKEUPS_PER_LEARNER = 1
 
 
-def _read_slot(variable, slot):
-  return tf.raw_ops.ResourceGather(resource=variable.handle, indices=slot,
-                                   dtype=_INT)
+class LedgerLayout:
+  """Where each counter lives in a shard's ledger vector.
+
+  [timestamp, pending, received, dropped, duplicates, σ sum, σ max,
+   available hardsync tokens, histogram (bins), gradients per learner (λ),
+   hardsync tokens each learner holds (λ), push keys seen (PUSH_KEY_SLOTS),
+   pushes seen per key (PUSH_KEY_SLOTS)]
+  """
+  (TIMESTAMP, PENDING, RECEIVED, DROPPED, DUPLICATES, STALENESS_SUM,
+   STALENESS_MAX, AVAILABLE) = range(8)
+
+  def __init__(self, bins, num_learners, key_slots=PUSH_KEY_SLOTS):
+    self.bins = bins
+    self.num_learners = num_learners
+    self.histogram = 8
+    self.learners = self.histogram + bins
+    self.holding = self.learners + num_learners
+    self.seen_keys = self.holding + num_learners
+    self.seen_counts = self.seen_keys + key_slots
+    self.size = self.seen_counts + key_slots
+
+  def initial(self):
+    """A fresh ledger: no key seen yet (-1), every counter 0."""
+    values = [0] * self.size
+    values[self.seen_keys:self.seen_counts] = [-1] * (
+        self.seen_counts - self.seen_keys)
+    return tf.constant(values, _INT)
+
+
+class _Changes:
+  """Changes to a ledger, turned into its new value by one op."""
+
+  def __init__(self, old):
+    self.old = old
+    self._indices = []
+    self._deltas = []
+
+  def add(self, index, delta):
+    self._indices.append(tf.cast(index, _INT))
+    self._deltas.append(tf.cast(delta, _INT))
+
+  def set(self, index, value, when=True):
+    """ledger[index] = value (if `when`, a bool tensor or True)."""
+    delta = tf.cast(value, _INT) - self.old[index]
+    self.add(index, delta if when is True else
+             tf.where(when, delta, tf.zeros_like(delta)))
+
+  def new_value(self):
+    if not self._indices:
+      return self.old
+    return tf.tensor_scatter_nd_add(
+        self.old, tf.reshape(tf.stack(self._indices), [-1, 1]),
+        tf.stack(self._deltas))
 
 
 def _on_device(push_key):
   """A copy of a PushKey whose tensors were copied to the current device."""
   return type(push_key)(tf.identity(push_key.key),
                         tf.identity(push_key.limit))
-
-
-def _write_slot(variable, slot, value):
-  return tf.raw_ops.ResourceScatterUpdate(resource=variable.handle,
-                                          indices=slot, updates=value)
 
 
 def _after_all_ops(fn):
@@ -66,77 +128,88 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
   Created eagerly under the strategy's scope; `pull` and `push` build graph
   code inside a traced training step.
 
-  Checkpointed: timestamp, pending, counts (received, histogram, staleness
-  sum, gradients per learner), dropped, duplicates, staleness_max and the
-  accumulators (so pending
-  gradients survive a restore). Not checkpointed: the lock, the hardsync
-  token queue (`refill_tokens` rebuilds it from `pending`) and the push keys
-  seen (a restored run schedules new closures, with new keys).
+  Checkpointed: the ledger (every counter, see `LedgerLayout`), the
+  timestamp mirror and the accumulators (so pending gradients survive a
+  restore). Not checkpointed: the lock, the hardsync wake-up queue and the
+  learner incarnations. Hardsync tokens are recomputed by `refill_tokens`;
+  the push keys a checkpoint remembers never match a new run's keys
+  (`coordinator.RudraCoordinator` starts each run's keys at a random base).
   """
 
   def __init__(self, strategy, index, model_variables, protocol, bins):
     self.index = index
     self._protocol = protocol
-    self._bins = bins
+    self._layout = LedgerLayout(bins, protocol.num_learners)
     anchor = model_variables[0]
     self.device = anchor.device
     self._model_variables = self._no_dependency(list(model_variables))
     with strategy.extended.colocate_vars_with(anchor):
-      def counter(name, shape=()):
-        return tf.Variable(tf.zeros(shape, _INT), trainable=False,
-                           name=f"rudra/shard_{index}/{name}")
-      self.timestamp = counter("timestamp")
-      self.pending = counter("pending")
-      self.dropped = counter("dropped")
-      self.duplicates = counter("duplicates")
-      # What each received gradient adds, in ONE variable so that one op
-      # records it all: [received, staleness sum, histogram (bins),
-      # gradients per learner (λ)]. A step that TensorFlow aborts half-way
-      # (a learner died) then records all of it or none of it.
-      self.counts = counter("counts", (2 + bins + protocol.num_learners,))
-      self.staleness_max = counter("staleness_max")
+      self.ledger = tf.Variable(self._layout.initial(), trainable=False,
+                                name=f"rudra/shard_{index}/ledger")
+      # A copy of the ledger's clock for Keras (`optimizer.iterations`),
+      # written with each ledger write; the ledger is what the protocol reads.
+      self.timestamp = tf.Variable(tf.zeros([], _INT), trainable=False,
+                                   name=f"rudra/shard_{index}/timestamp")
       self.accumulators = [
           tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
                       name=f"rudra/shard_{index}/accumulator_{i}")
           for i, v in enumerate(model_variables)]
-      self._seen_keys = self._no_dependency(tf.Variable(
-          tf.fill([PUSH_KEY_SLOTS], tf.constant(-1, _INT)), trainable=False,
-          name=f"rudra/shard_{index}/seen_keys"))
-      self._seen_counts = self._no_dependency(counter(
-          "seen_counts", (PUSH_KEY_SLOTS,)))
-      # Hardsync: tokens each learner holds (pulled, not yet pushed), and
-      # each learner's incarnation (+1 each time the chief saw it die).
-      self._holding = self._no_dependency(counter(
-          "holding", (protocol.num_learners,)))
-      self._incarnations = self._no_dependency(counter(
-          "incarnations", (protocol.num_learners,)))
+      # Hardsync: each learner's incarnation (+1 each time the chief saw it
+      # die); written only by the chief.
+      self._incarnations = self._no_dependency(tf.Variable(
+          tf.zeros([protocol.num_learners], _INT), trainable=False,
+          name=f"rudra/shard_{index}/incarnations"))
     with tf.device(self.device):
       self._lock = tf.CriticalSection(name=f"rudra_shard_{index}_lock")
-      self._tokens = None
+      # Hardsync wake-ups: a waiting pull sleeps on this queue, then takes a
+      # token from the ledger if one is available, or waits again.
+      self._wakeups = None
       if protocol.barrier:
-        self._tokens = tf.queue.FIFOQueue(
-            capacity=protocol.num_learners, dtypes=[tf.int32], shapes=[[]],
-            name=f"rudra_shard_{index}_tokens")
+        self._wakeups = tf.queue.FIFOQueue(
+            capacity=-1, dtypes=[tf.int32], shapes=[[]],
+            name=f"rudra_shard_{index}_wakeups")
     self._accumulator_of = self._no_dependency(
         {id(v): a for v, a in zip(model_variables, self.accumulators)})
 
   def owns(self, variable):
     return id(variable) in self._accumulator_of
 
+  def _commit(self, changes):
+    """The section's one ledger write (and the timestamp mirror after it)."""
+    new = changes.new_value()
+    write = self.ledger.assign(new, read_value=False)
+    with tf.control_dependencies([write]):
+      mirror = self.timestamp.assign(new[LedgerLayout.TIMESTAMP],
+                                     read_value=False)
+    return new, [write, mirror]
+
+  def _ring(self, count):
+    """Wakes `count` waiting hardsync pulls (graph or eager)."""
+    self._wakeups.enqueue_many([tf.zeros(tf.reshape(count, [1]), tf.int32)])
+    return tf.constant(True)
+
   # ---------------------------------------------------------------- hardsync
   def refill_tokens(self):
-    """Puts λ - pending pull tokens in the hardsync barrier queue (eager).
+    """Sets the hardsync tokens to λ - pending, none held (eager).
 
     A token is one pull allowed in the current round; exactly λ pulls read
     each version, and the update that consumes their λ gradients refills λ.
-    Gradients already pending hold their token, hence λ - pending.
+    Gradients already pending hold their token, hence λ - pending. Called
+    when the shards are built and after a restore, when no learner runs.
     """
-    if self._tokens is None:
+    if self._wakeups is None:
       return
-    missing = self._protocol.num_learners - int(self.pending.numpy())
-    stored = int(self._tokens.size().numpy())
-    if missing > stored:
-      self._tokens.enqueue_many([tf.zeros([missing - stored], tf.int32)])
+    layout = self._layout
+    with tf.device(self.device):
+      old = self.ledger.read_value()
+      changes = _Changes(old)
+      available = self._protocol.num_learners - old[LedgerLayout.PENDING]
+      changes.set(LedgerLayout.AVAILABLE, available)
+      for learner in range(self._protocol.num_learners):
+        changes.set(layout.holding + learner, 0)
+      self._commit(changes)
+      self._ring(tf.maximum(available - tf.cast(self._wakeups.size(), _INT),
+                            0))
 
   def release_learner(self, learner):
     """Gives back the tokens a dead learner held (eager, on the chief).
@@ -146,58 +219,99 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     another learner, which needs that token to pull the same version. The
     learner's incarnation goes up too: what its dead incarnation still runs
     on this ps (a pull waiting for a token, a push whose bytes had arrived)
-    is refused, its token given back (see `_stale`). Returns the number of
-    tokens given back.
+    is refused (see `_stale`). Returns the number of tokens given back.
     """
-    if self._tokens is None:
+    if self._wakeups is None:
       return 0
+    slot = self._layout.holding + learner
+
     def release():
-      held = tf.maximum(_read_slot(self._holding, learner), 0)
-      _write_slot(self._holding, learner, tf.constant(0, _INT))
-      _write_slot(self._incarnations, learner,
-                  _read_slot(self._incarnations, learner) + 1)
-      with tf.control_dependencies([held]):
-        self._tokens.enqueue_many([tf.zeros([held], tf.int32)])
-      return tf.identity(held)
+      changes = _Changes(self.ledger.read_value())
+      held = tf.maximum(changes.old[slot], 0)
+      changes.set(slot, 0)
+      changes.add(LedgerLayout.AVAILABLE, held)
+      self._commit(changes)
+      tf.raw_ops.ResourceScatterAdd(
+          resource=self._incarnations.handle,
+          indices=tf.constant([learner], _INT),
+          updates=tf.constant([1], _INT))
+      return held
     with tf.device(self.device):
-      held = self._lock.execute(lambda: _after_all_ops(release),
-                                exclusive_resource_access=False)
+      held = self._lock.execute(release, exclusive_resource_access=False)
+      self._ring(held + _SPARE_WAKEUPS_PER_LEARNER *
+                 self._protocol.num_learners)
     return int(held.numpy())
+
+  def token_counts(self):
+    """Hardsync tokens: (available, held by each learner), read eagerly."""
+    with tf.device(self.device):
+      ledger = self._lock.execute(self.ledger.read_value,
+                                  exclusive_resource_access=False).numpy()
+    holding = self._layout.holding
+    return (int(ledger[LedgerLayout.AVAILABLE]),
+            [int(h) for h in ledger[holding:holding +
+                                    self._protocol.num_learners]])
+
+  def _stale(self, learner, incarnation):
+    """True for a step of a learner incarnation the chief saw die."""
+    if learner is None or incarnation is None:
+      return tf.constant(False)
+    return tf.not_equal(tf.gather(self._incarnations.live_read(), learner),
+                        incarnation)
+
+  def _take_token(self, learner, incarnation):
+    """Waits for a hardsync token and records it as held (graph code).
+
+    Sleeps on the wake-up queue, then, in the lock, takes a token if one is
+    available (one ledger write: available - 1, this learner's held + 1) or
+    goes back to sleep. A dead incarnation's pull takes nothing and passes
+    its wake-up on.
+    """
+    layout = self._layout
+
+    def attempt():
+      changes = _Changes(self.ledger.live_read())
+      stale = self._stale(learner, incarnation)
+      take = tf.logical_and(changes.old[LedgerLayout.AVAILABLE] > 0,
+                            tf.logical_not(stale))
+      changes.add(LedgerLayout.AVAILABLE, -tf.cast(take, _INT))
+      if learner is not None:
+        changes.add(layout.holding + learner, tf.cast(take, _INT))
+      _, written = self._commit(changes)
+      with tf.control_dependencies(written):
+        tf.cond(stale, lambda: _after_all_ops(lambda: self._ring(1)),
+                lambda: tf.constant(False))
+      return tf.logical_or(take, stale)
+
+    def body(done):
+      del done
+      with tf.control_dependencies([self._wakeups.dequeue()]):
+        return self._lock.execute(lambda: _after_all_ops(attempt),
+                                  exclusive_resource_access=False)
+
+    return tf.while_loop(tf.logical_not, body, [tf.constant(False)])
 
   # -------------------------------------------------------------------- pull
   def pull(self, pulled, consistent=True):
     """Adds this shard's snapshots and timestamp to `pulled` (graph code)."""
     with tf.device(self.device):
-      dependencies = []
-      if self._tokens is not None:
-        dependencies.append(self._tokens.dequeue())
-      with tf.control_dependencies(dependencies):
-        def read():
-          return [self.timestamp.live_read()] + [
-              tf.identity(v.live_read()) for v in self._model_variables]
+      def read():
+        return [self.ledger.live_read()[LedgerLayout.TIMESTAMP]] + [
+            tf.identity(v.live_read()) for v in self._model_variables]
+      if self._wakeups is not None:
+        # The version cannot change between the take and the read: its
+        # update needs this learner's gradient.
         learner = (None if pulled.learner is None
-                   else tf.identity(pulled.learner))  # on the ps, unlocked
+                   else tf.identity(pulled.learner))
         incarnation = (None if pulled.incarnation is None
                        else tf.identity(pulled.incarnation))
-        def hold_and_read():
-          if learner is not None and incarnation is not None:
-            # A dead incarnation's pull gives its token straight back.
-            tf.cond(self._stale(learner, incarnation),
-                    lambda: _after_all_ops(self._give_back_token),
-                    lambda: _after_all_ops(lambda: self._hold(learner, 1)))
-          else:
-            self._hold(learner, 1)
-          return read()
-        if self._tokens is not None:  # hardsync: record who holds a token
-          with tf.control_dependencies([t for t in (learner, incarnation)
-                                        if t is not None]):
-            values = self._lock.execute(
-                lambda: _after_all_ops(hold_and_read),
-                exclusive_resource_access=False)
-        elif consistent:
+        with tf.control_dependencies([self._take_token(learner,
+                                                       incarnation)]):
           values = self._lock.execute(read, exclusive_resource_access=False)
-        else:
-          values = read()
+      elif consistent:
+        values = self._lock.execute(read, exclusive_resource_access=False)
+      else:
+        values = read()
     values = [tf.stop_gradient(v) for v in values]
     pulled.timestamps[self.index] = values[0]
     for variable, snapshot in zip(self._model_variables, values[1:]):
@@ -233,7 +347,6 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     Returns:
       The staleness of this gradient (an int64 scalar; -1 for a duplicate).
     """
-    c = self._protocol.gradients_per_update
     # Everything the learner sends is copied to the ps before the lock is
     # taken: the lock is never held while bytes travel, and a learner that
     # dies mid-transfer cannot leave the shard locked.
@@ -249,146 +362,139 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       if push_key is not None:
         push_key = _on_device(push_key)
         arrived += [push_key.key, push_key.limit]
-    with tf.control_dependencies(arrived):
-      return self._push_arrived(gradient_of, pulled_timestamp, apply_update,
-                                lr_policy, max_staleness, consistent,
-                                push_key, learner, incarnation)
-
-  def _push_arrived(self, gradient_of, pulled_timestamp, apply_update,
-                    lr_policy, max_staleness, consistent, push_key, learner,
-                    incarnation):
-    """`push` once its inputs are on the ps (graph code)."""
-    c = self._protocol.gradients_per_update
-
-    def update():
-      timestamp = self.timestamp.live_read()
-      staleness = timestamp - pulled_timestamp
-      self._count(staleness, learner)
-
-      def accumulate():
-        weight = protocol_lib.staleness_weight(
-            lr_policy, tf.cast(staleness, tf.float32), maximum=tf.maximum)
-        if c == 1:  # async: the update is this gradient; no accumulator trip
-          return self._apply_one(apply_update, weight, gradient_of)
-        for variable in self._model_variables:
-          gradient = gradient_of.get(id(variable))
-          if gradient is not None:
-            self._accumulator_of[id(variable)].assign_add(
-                tf.cast(weight, gradient.dtype) * gradient)
-        count = self.pending.assign_add(1)
-        return tf.cond(
-            count >= c,
-            lambda: _after_all_ops(lambda: self._apply(apply_update, c)),
-            lambda: tf.constant(False))
-
-      if max_staleness is None:
-        _after_all_ops(accumulate)
-      else:
-        tf.cond(protocol_lib.accepts_gradient(staleness, max_staleness),
-                lambda: _after_all_ops(accumulate),
-                lambda: _after_all_ops(
-                    lambda: self.dropped.assign_add(1) > 0))
-      return staleness
-
-    with tf.device(self.device), variables_lib.live_reads():
-      if not consistent and c == 1 and self._tokens is None:
-        return self._push_unlocked(gradient_of, pulled_timestamp, apply_update,
-                                   lr_policy, max_staleness, push_key,
-                                   learner)
+    with tf.control_dependencies(arrived), tf.device(self.device), \
+        variables_lib.live_reads():
+      if not consistent and self._protocol.gradients_per_update == 1 and \
+          self._wakeups is None:
+        return self._push_unlocked(gradient_of, pulled_timestamp,
+                                   apply_update, lr_policy, max_staleness,
+                                   push_key, learner)
       return self._lock.execute(
-          lambda: _after_all_ops(
-              lambda: self._once_per_key(push_key, update, learner,
-                                         incarnation)),
+          lambda: _after_all_ops(lambda: self._push_locked(
+              gradient_of, pulled_timestamp, apply_update, lr_policy,
+              max_staleness, push_key, learner, incarnation)),
           exclusive_resource_access=False)
 
-  def _hold(self, learner, change):
-    """Hardsync: learner's held tokens += change (inside the lock)."""
-    if learner is None:
-      return tf.constant(True)
-    held = _read_slot(self._holding, learner)
-    _write_slot(self._holding, learner, tf.maximum(held + change, 0))
-    return tf.constant(True)
+  def _record(self, changes, pulled_timestamp, max_staleness, push_key,
+              learner, incarnation):
+    """A push's ledger changes (inside the lock; written by the caller).
 
-  def _give_back_token(self):
-    self._tokens.enqueue_many([tf.zeros([1], tf.int32)])
-    return tf.constant(True)
-
-  def _stale(self, learner, incarnation):
-    """True for a step of a learner incarnation the chief saw die."""
-    return tf.not_equal(_read_slot(self._incarnations, learner), incarnation)
-
-  def _once_per_key(self, push_key, deliver, learner=None, incarnation=None):
-    """Runs `deliver()` unless the push is a duplicate (inside the lock).
-
-    Returns deliver()'s int64 result, or -1 for a counted duplicate. Under
-    hardsync the push gives up the learner's token; a duplicate's token goes
-    back to the queue, for another pull of this round. A push of a dead
-    learner incarnation is refused as a duplicate (its closure runs again
-    elsewhere), and gives back nothing: its token was already released.
+    Returns a dict of int64/bool tensors: staleness, delivered (counted as
+    received), accepted (goes into an update), complete (this gradient
+    completes an update) and tokens_back (hardsync tokens made available).
     """
-    if self._tokens is not None and learner is not None and \
-        incarnation is not None:
-      return tf.cond(
-          self._stale(learner, incarnation),
-          lambda: _after_all_ops(
-              lambda: self.duplicates.assign_add(1) * 0 - 1),
-          lambda: _after_all_ops(lambda: self._once_per_key(
-              push_key, deliver, learner)))
-    if self._tokens is not None:
-      self._hold(learner, -1)
-    if push_key is None:
-      return deliver()
-    key, limit = push_key.key, push_key.limit
-    slot = key % PUSH_KEY_SLOTS
-    seen_count = _read_slot(self._seen_counts, slot)
-    same_key = tf.equal(_read_slot(self._seen_keys, slot), key)
-    fresh = (limit < 0) | tf.logical_not(same_key) | (seen_count < limit)
-    count = tf.where(same_key, seen_count + 1, tf.ones_like(seen_count))
-    def remember():
-      _write_slot(self._seen_keys, slot, key)
-      _write_slot(self._seen_counts, slot, count)
-      return deliver()
-    def refuse():
-      if self._tokens is not None:
-        self._give_back_token()
-      return self.duplicates.assign_add(1) * 0 - 1
-    return tf.cond(fresh, lambda: _after_all_ops(remember),
-                   lambda: _after_all_ops(refuse))
+    layout, old = self._layout, changes.old
+    c = self._protocol.gradients_per_update
+    staleness = old[LedgerLayout.TIMESTAMP] - pulled_timestamp
+    stale = self._stale(learner, incarnation) if self._wakeups is not None \
+        else tf.constant(False)
+    fresh = tf.constant(True)
+    if push_key is not None:
+      slot = push_key.key % PUSH_KEY_SLOTS
+      seen_count = old[layout.seen_counts + slot]
+      same_key = tf.equal(old[layout.seen_keys + slot], push_key.key)
+      fresh = ((push_key.limit < 0) | tf.logical_not(same_key) |
+               (seen_count < push_key.limit))
+    delivered = fresh & tf.logical_not(stale)
+    accepted = delivered
+    if max_staleness is not None:
+      accepted = accepted & protocol_lib.accepts_gradient(staleness,
+                                                          max_staleness)
+    pending = old[LedgerLayout.PENDING]
+    complete = accepted & (pending + 1 >= c)
+    one = lambda flag: tf.cast(flag, _INT)  # pylint: disable=unnecessary-lambda-assignment
 
-  def _count(self, staleness, learner):
-    """Counts one received gradient of staleness σ (inside the lock)."""
-    num_learners = self._protocol.num_learners
-    per_learner = (tf.zeros([num_learners], _INT) if learner is None else
-                   tf.one_hot(learner, num_learners, dtype=_INT))
-    bin_index = tf.minimum(staleness, self._bins - 1)
-    self.counts.assign_add(tf.concat([
-        tf.stack([tf.constant(1, _INT), staleness]),
-        tf.one_hot(bin_index, self._bins, dtype=_INT), per_learner], 0))
-    self.staleness_max.assign(
-        tf.maximum(self.staleness_max.live_read(), staleness))
+    changes.add(LedgerLayout.RECEIVED, one(delivered))
+    changes.add(LedgerLayout.STALENESS_SUM, staleness * one(delivered))
+    changes.set(LedgerLayout.STALENESS_MAX,
+                tf.maximum(old[LedgerLayout.STALENESS_MAX], staleness),
+                when=delivered)
+    changes.add(layout.histogram + tf.minimum(staleness, layout.bins - 1),
+                one(delivered))
+    if learner is not None:
+      changes.add(layout.learners + learner, one(delivered))
+    changes.add(LedgerLayout.DROPPED, one(delivered & tf.logical_not(accepted)))
+    changes.add(LedgerLayout.DUPLICATES, one(tf.logical_not(delivered)))
+    changes.set(LedgerLayout.PENDING,
+                tf.where(complete, tf.zeros_like(pending), pending + 1),
+                when=accepted)
+    changes.add(LedgerLayout.TIMESTAMP, one(complete))
+    if push_key is not None:
+      changes.set(layout.seen_keys + slot, push_key.key, when=delivered)
+      changes.set(layout.seen_counts + slot,
+                  tf.where(same_key, seen_count + 1, tf.ones_like(seen_count)),
+                  when=delivered)
+    tokens_back = tf.constant(0, _INT)
+    if self._wakeups is not None:
+      # A dead incarnation's token was given back when it was released;
+      # otherwise the push returns the learner's token: to the round if its
+      # gradient was not taken, and an update hands out λ new ones.
+      live = tf.logical_not(stale)
+      if learner is not None:
+        held = old[layout.holding + learner]
+        changes.set(layout.holding + learner, tf.maximum(held - 1, 0),
+                    when=live)
+      tokens_back = (one(live & tf.logical_not(accepted)) +
+                     one(complete) * self._protocol.num_learners)
+      changes.add(LedgerLayout.AVAILABLE, tokens_back)
+    return dict(staleness=staleness, delivered=delivered, accepted=accepted,
+                complete=complete, tokens_back=tokens_back)
+
+  def _push_locked(self, gradient_of, pulled_timestamp, apply_update,
+                   lr_policy, max_staleness, push_key, learner, incarnation):
+    """One push inside the lock: the ledger write, then the weights."""
+    c = self._protocol.gradients_per_update
+    changes = _Changes(self.ledger.live_read())
+    push = self._record(changes, pulled_timestamp, max_staleness, push_key,
+                        learner, incarnation)
+    _, written = self._commit(changes)
+    timestamp = changes.old[LedgerLayout.TIMESTAMP]
+    weight = protocol_lib.staleness_weight(
+        lr_policy, tf.cast(push["staleness"], tf.float32), maximum=tf.maximum)
+
+    def take_gradient():
+      if c == 1:  # async: the update is this gradient; no accumulator trip
+        apply_update(self._weighted(weight, gradient_of), timestamp)
+        return tf.constant(True)
+      for variable in self._model_variables:
+        gradient = gradient_of.get(id(variable))
+        if gradient is not None:
+          self._accumulator_of[id(variable)].assign_add(
+              tf.cast(weight, gradient.dtype) * gradient)
+      return tf.constant(True)
+
+    with tf.control_dependencies(written):
+      took = tf.cond(push["accepted"], lambda: _after_all_ops(take_gradient),
+                     lambda: tf.constant(False))
+    if c > 1:
+      with tf.control_dependencies([took]):
+        took = tf.cond(
+            push["complete"],
+            lambda: _after_all_ops(lambda: self._apply_mean(apply_update, c,
+                                                            timestamp)),
+            lambda: tf.constant(False))
+    if self._wakeups is not None:
+      with tf.control_dependencies([took]):
+        self._ring(push["tokens_back"])
+    return tf.where(push["delivered"], push["staleness"],
+                    tf.constant(-1, _INT))
 
   def _push_unlocked(self, gradient_of, pulled_timestamp, apply_update,
                      lr_policy, max_staleness, push_key, learner):
-    """Async fast path: clock and counters under the lock, update outside.
+    """Async fast path: the ledger write under the lock, update outside.
 
     The lock section reserves the update's version (timestamp + 1) and
     counts the gradient; the weights are then updated without the lock.
     """
     def locked():
-      timestamp = self.timestamp.live_read()
-      staleness = timestamp - pulled_timestamp
-      def reserve():
-        self._count(staleness, learner)
-        accepted = (tf.constant(True) if max_staleness is None else
-                    protocol_lib.accepts_gradient(staleness, max_staleness))
-        with tf.control_dependencies([timestamp]):
-          self.timestamp.assign_add(tf.cast(accepted, _INT))
-          self.dropped.assign_add(1 - tf.cast(accepted, _INT))
-        return tf.cast(accepted, _INT)
-      accepted = self._once_per_key(push_key, reserve)
-      return staleness, accepted > 0, timestamp
+      changes = _Changes(self.ledger.live_read())
+      push = self._record(changes, pulled_timestamp, max_staleness, push_key,
+                          learner, None)
+      self._commit(changes)
+      return (push["staleness"], push["accepted"], push["delivered"],
+              changes.old[LedgerLayout.TIMESTAMP])
 
-    staleness, accepted, timestamp = self._lock.execute(
+    staleness, accepted, delivered, timestamp = self._lock.execute(
         lambda: _after_all_ops(locked), exclusive_resource_access=False)
 
     def apply():
@@ -399,29 +505,21 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       with tf.control_dependencies([g for g, _ in gradients]):
         return tf.constant(True)
 
-    if max_staleness is None and push_key is None:
-      _after_all_ops(apply)
-    else:
-      tf.cond(accepted, lambda: _after_all_ops(apply),
-              lambda: tf.constant(False))
-    return staleness
+    tf.cond(accepted, lambda: _after_all_ops(apply),
+            lambda: tf.constant(False))
+    return tf.where(delivered, staleness, tf.constant(-1, _INT))
 
-  def _apply(self, apply_update, c):
-    """One update: mean of the accumulated gradients, clock + 1, reset."""
+  def _apply_mean(self, apply_update, c, timestamp):
+    """One update from the mean of the accumulated gradients, then reset."""
     mean_gradients = [
         (accumulator.live_read() / tf.cast(c, accumulator.dtype), variable)
         for variable, accumulator in zip(self._model_variables,
                                          self.accumulators)]
-    def reset():
+    apply_update(mean_gradients, timestamp)
+    with tf.control_dependencies([g for g, _ in mean_gradients]):
       for accumulator in self.accumulators:
         accumulator.assign(tf.zeros_like(accumulator))
-      self.pending.assign(0)
-    return self._apply_and_advance(apply_update, mean_gradients, reset)
-
-  def _apply_one(self, apply_update, weight, gradient_of):
-    """c = 1: applies weight * gradient at once, clock + 1 (as `_apply`)."""
-    return self._apply_and_advance(apply_update,
-                                   self._weighted(weight, gradient_of))
+    return tf.constant(True)
 
   def _weighted(self, weight, gradient_of):
     """(weight * gradient, variable) for every variable (zero if absent)."""
@@ -433,33 +531,19 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
                         tf.cast(weight, gradient.dtype) * gradient, variable))
     return gradients
 
-  def _apply_and_advance(self, apply_update, gradients, reset=lambda: None):
-    """Applies `gradients`, then `reset()`, clock + 1 and λ hardsync tokens
-    (after the gradients and the timestamp the update read)."""
-    timestamp = self.timestamp.live_read()
-    apply_update(gradients, timestamp)
-    with tf.control_dependencies([g for g, _ in gradients] + [timestamp]):
-      reset()
-      self.timestamp.assign_add(1)
-      if self._tokens is not None:
-        self._tokens.enqueue_many(
-            [tf.zeros([self._protocol.num_learners], tf.int32)])
-    return tf.constant(True)
-
   # ------------------------------------------------------------------ report
   def read_statistics(self):
     """Eager, consistent read of the counters (under the lock).
 
     Returns the arguments of `report.ShardReport.from_counters`.
     """
-    def read():
-      return [self.timestamp.live_read(), self.pending.live_read(),
-              self.counts.live_read(), self.dropped.live_read(),
-              self.staleness_max.live_read(), self.duplicates.live_read()]
     with tf.device(self.device):
-      values = self._lock.execute(read, exclusive_resource_access=False)
-    timestamp, pending, counts, dropped, staleness_max, duplicates = [
-        v.numpy() for v in values]
-    bins = self._bins
-    return [timestamp, pending, counts[0], dropped, counts[1], staleness_max,
-            counts[2:2 + bins], duplicates, counts[2 + bins:]]
+      ledger = self._lock.execute(self.ledger.read_value,
+                                  exclusive_resource_access=False).numpy()
+    layout = self._layout
+    return [ledger[layout.TIMESTAMP], ledger[layout.PENDING],
+            ledger[layout.RECEIVED], ledger[layout.DROPPED],
+            ledger[layout.STALENESS_SUM], ledger[layout.STALENESS_MAX],
+            ledger[layout.histogram:layout.learners],
+            ledger[layout.DUPLICATES],
+            ledger[layout.learners:layout.holding]]

@@ -115,7 +115,10 @@ def fit_and_report(num_learners, protocol, epochs=1, steps=40, num_ps=1,
     model.evaluate(dataset, steps=5, verbose=0)
   if more_steps:
     model.fit(dataset, epochs=1, steps_per_epoch=more_steps, verbose=0)
-  return _report(strategy)
+  result = _report(strategy)
+  if strategy.protocol.barrier:
+    result["tokens"] = [shard.token_counts() for shard in strategy._shards]  # pylint: disable=protected-access
+  return result
 
 
 def linear_updates(num_learners, protocol, lr_policy, steps, learning_rate=0.1,
@@ -407,8 +410,10 @@ def rerun_closures(protocol="async", consistent_pulls=True, steps=3,
     coordinator.schedule(closure, args=args)
   coordinator.join()
   keyed = coordinator._keyed_function(closure)  # pylint: disable=protected-access
-  for key in reruns:  # as TF does after a worker failure: same closure again
-    coordinator._schedule_keyed(keyed, key, args, None)  # pylint: disable=protected-access
+  first_key = coordinator._first_key  # pylint: disable=protected-access
+  for closure_number in reruns:  # as TF does after a worker failure
+    coordinator._schedule_keyed(  # pylint: disable=protected-access
+        keyed, first_key + closure_number - 1, args, None)
   coordinator.join()
   return {"w": float(np.asarray(w.read_value())), "report": _report(strategy),
           "limit": keyed.limit(args)}

@@ -53,6 +53,9 @@ def test_hardsync_staleness_is_zero_and_odd_step_counts_finish():
   assert report["histogram"][0] == 47 and report["max"] == 0
   assert report["timestamp"] == 47 // 3 and report["pending"] == 47 % 3
   assert_invariants(report)
+  # Token conservation once every step finished: available + held +
+  # pending == λ, none held (47 = 15 * 3 + 2 pending: 1 token available).
+  assert report["tokens"] == [(1, [0, 0, 0])]
 
 
 # ---------------------------------------------------------------- softsync
@@ -270,7 +273,7 @@ def test_each_learner_gets_its_own_input_context():
 @pytest.mark.parametrize("protocol,consistent_pulls", [
     ("async", True), ("async", False), ("1-softsync", True)])
 def test_a_rerun_closure_applies_nothing_twice(protocol, consistent_pulls):
-  # 3 closures of one step each (keys 1, 2, 3), then closure 2 runs again,
+  # 3 closures of one step each (keys k, k+1, k+2), then closure 2 runs again,
   # as TF re-runs a closure whose worker died after its push: the shard
   # refuses it and counts a duplicate. Each accepted gradient moves w by
   # -0.1 (1-softsync, λ = 2: c = 2, so 3 gradients = 1 update + 1 pending).
@@ -287,7 +290,7 @@ def test_a_rerun_closure_applies_nothing_twice(protocol, consistent_pulls):
 
 
 def test_a_rerun_multi_step_closure_is_refused_up_to_its_step_count():
-  # tf_keras's multi-step convention: 3 steps per closure (limit 3). Keys 1
+  # tf_keras's multi-step convention: 3 steps per closure (limit 3). Closures 1
   # and 2 deliver 6 gradients; running both again delivers nothing new.
   result = run_in_fresh_process(
       scenarios.rerun_closures, steps=2, runs_per_step=3, reruns=(1, 2))
