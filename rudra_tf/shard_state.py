@@ -292,8 +292,13 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     return tf.while_loop(tf.logical_not, body, [tf.constant(False)])
 
   # -------------------------------------------------------------------- pull
-  def pull(self, pulled, consistent=True):
-    """Adds this shard's snapshots and timestamp to `pulled` (graph code)."""
+  def pull(self, pulled, consistent=True, after=None):
+    """Adds this shard's snapshots and timestamp to `pulled` (graph code).
+
+    Hardsync: the token is taken once `after` (the previous shard's taken
+    token, or None) exists; returns this shard's, or None without a barrier.
+    """
+    taken = None
     with tf.device(self.device):
       def read():
         return [self.ledger.live_read()[LedgerLayout.TIMESTAMP]] + [
@@ -305,8 +310,9 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
                    else tf.identity(pulled.learner))
         incarnation = (None if pulled.incarnation is None
                        else tf.identity(pulled.incarnation))
-        with tf.control_dependencies([self._take_token(learner,
-                                                       incarnation)]):
+        with tf.control_dependencies([] if after is None else [after]):
+          taken = self._take_token(learner, incarnation)
+        with tf.control_dependencies([taken]):
           values = self._lock.execute(read, exclusive_resource_access=False)
       elif consistent:
         values = self._lock.execute(read, exclusive_resource_access=False)
@@ -316,6 +322,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     pulled.timestamps[self.index] = values[0]
     for variable, snapshot in zip(self._model_variables, values[1:]):
       pulled.snapshots[id(variable)] = snapshot
+    return taken
 
   # -------------------------------------------------------------------- push
   def push(self, grads_and_vars, pulled_timestamp, apply_update, lr_policy,

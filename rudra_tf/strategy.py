@@ -151,8 +151,9 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     * One replica per learner task (no multi-GPU learners).
     * Sparse gradients (embeddings) are accumulated densely.
     * evaluate and predict steps read the live weights without the lock.
-    * hardsync needs every trainable variable on one ps task: with several
-      shards the per-shard barriers were seen to deadlock, so it is refused.
+    * hardsync with several shards runs a barrier per shard; a learner
+      takes its tokens in shard order, so the barriers cannot deadlock, but
+      a learner may pull different versions of different shards.
     * Faults (docs/reliability.md): a learner that dies mid-closure has its
       closure re-run by TF; pushes its first run had delivered are refused
       (`staleness_report().duplicates`) when the closure's step count is
@@ -235,12 +236,6 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     by_device = {}
     for variable in self._trainable_variables:
       by_device.setdefault(variable.device, []).append(variable)
-    if self._protocol.barrier and len(by_device) > 1:
-      raise ValueError(
-          f"hardsync with trainable variables on {len(by_device)} ps tasks "
-          "deadlocks in this release (each shard's barrier runs its own "
-          "rounds; known issue): put the model on one ps task, or use "
-          "'1-softsync' (the same c = λ gradients per update, no barrier).")
     bins = protocol_lib.histogram_bins(self._protocol.num_learners)
     in_replica = tf.distribute.has_strategy() and \
         not tf.distribute.in_cross_replica_context()
@@ -289,8 +284,13 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     pulled.learner = _current_learner()
     if self._protocol.barrier:
       pulled.incarnation = self._current_incarnation()
+    # Hardsync: every learner takes its shard tokens in shard order. Taken
+    # in any order, two learners could each hold the last token of a round
+    # on a different shard and wait forever for the other's.
+    taken = None
     for shard in self._ensure_shards():
-      shard.pull(pulled, consistent=self._consistent_pulls)
+      taken = shard.pull(pulled, consistent=self._consistent_pulls,
+                         after=taken)
     return pulled
 
   def _push(self, grads_and_vars, pulled, apply_update, lr_policy):

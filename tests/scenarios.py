@@ -417,15 +417,3 @@ def rerun_closures(protocol="async", consistent_pulls=True, steps=3,
   coordinator.join()
   return {"w": float(np.asarray(w.read_value())), "report": _report(strategy),
           "limit": keyed.limit(args)}
-
-
-def hardsync_on_two_shards():
-  """hardsync with variables on two ps tasks must be refused, clearly."""
-  _, strategy = _connect(2, 2, "hardsync")
-  model = _compiled_mlp(strategy, "sgd_momentum", "none")
-  x, y = _data()
-  try:
-    model.fit(_dataset(x, y, 4), epochs=1, steps_per_epoch=4, verbose=0)
-  except ValueError as error:
-    return str(error)
-  return "not refused"

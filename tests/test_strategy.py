@@ -312,9 +312,16 @@ def test_a_closure_of_unknown_step_count_is_not_deduplicated():
   assert result["w"] == pytest.approx(-0.6, rel=1e-6)
 
 
-def test_hardsync_on_two_shards_is_refused_not_deadlocked():
-  # Known issue: per-shard hardsync barriers deadlock with two ps tasks
-  # holding variables; the strategy refuses it with a clear error instead.
-  message = run_in_fresh_process(scenarios.hardsync_on_two_shards, timeout=120)
-  assert "hardsync with trainable variables on 2 ps tasks" in message
-  assert "'1-softsync'" in message
+def test_hardsync_on_two_shards_is_never_stale_and_exact():
+  # Each ps task runs its own rounds; learners take their tokens in shard
+  # order (taken in any order, this deadlocked). 4 learners, 2 ps tasks,
+  # 41 steps: every shard ends at 41 = 10 * 4 + 1 gradients, all σ = 0.
+  report = run_in_fresh_process(
+      scenarios.fit_and_report, num_learners=4, num_ps=2,
+      protocol="hardsync", steps=41, timeout=300)
+  assert len(report["shards"]) == 2
+  for shard in report["shards"]:
+    assert shard["gradients"] == 41 and shard["max"] == 0
+    assert shard["timestamp"] == 10 and shard["pending"] == 1
+  assert report["tokens"] == [(3, [0, 0, 0, 0])] * 2
+  assert_invariants(report)
