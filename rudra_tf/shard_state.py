@@ -259,13 +259,14 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     return tf.not_equal(tf.gather(self._incarnations.live_read(), learner),
                         incarnation)
 
-  def _take_token(self, learner, incarnation):
+  def _take_token(self, learner, incarnation, after=None):
     """Waits for a hardsync token and records it as held (graph code).
 
     Sleeps on the wake-up queue, then, in the lock, takes a token if one is
     available (one ledger write: available - 1, this learner's held + 1) or
     goes back to sleep. A dead incarnation's pull takes nothing and passes
-    its wake-up on.
+    its wake-up on. `after`: a True bool tensor the wait must follow (the
+    previous shard's token), or None.
     """
     layout = self._layout
 
@@ -284,12 +285,17 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       return tf.logical_or(take, stale)
 
     def body(done):
-      del done
-      with tf.control_dependencies([self._wakeups.dequeue()]):
+      # Each dequeue waits for its iteration's loop variable: an op fed only
+      # by loop invariants may run ahead of the loop, and its input.
+      with tf.control_dependencies([done]):
+        wakeup = self._wakeups.dequeue()
+      with tf.control_dependencies([wakeup]):
         return self._lock.execute(lambda: _after_all_ops(attempt),
                                   exclusive_resource_access=False)
 
-    return tf.while_loop(tf.logical_not, body, [tf.constant(False)])
+    # Not done yet, computed from `after` so that the loop starts after it.
+    start = tf.constant(False) if after is None else tf.logical_not(after)
+    return tf.while_loop(tf.logical_not, body, [start])[0]
 
   # -------------------------------------------------------------------- pull
   def pull(self, pulled, consistent=True, after=None):
@@ -310,8 +316,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
                    else tf.identity(pulled.learner))
         incarnation = (None if pulled.incarnation is None
                        else tf.identity(pulled.incarnation))
-        with tf.control_dependencies([] if after is None else [after]):
-          taken = self._take_token(learner, incarnation)
+        taken = self._take_token(learner, incarnation, after)
         with tf.control_dependencies([taken]):
           values = self._lock.execute(read, exclusive_resource_access=False)
       elif consistent:
