@@ -290,8 +290,9 @@ def test_a_rerun_closure_applies_nothing_twice(protocol, consistent_pulls):
 
 
 def test_a_rerun_multi_step_closure_is_refused_up_to_its_step_count():
-  # tf_keras's multi-step convention: 3 steps per closure (limit 3). Closures 1
-  # and 2 deliver 6 gradients; running both again delivers nothing new.
+  # tf_keras's multi-step convention: 3 steps per closure (limit 3).
+  # Closures 1 and 2 deliver 6 gradients; running both again delivers
+  # nothing new.
   result = run_in_fresh_process(
       scenarios.rerun_closures, steps=2, runs_per_step=3, reruns=(1, 2))
   report = result["report"]
