@@ -20,9 +20,11 @@ What each test asserts, whatever the timing of the kill:
 
 import json
 import threading
+import time
 
 import pytest
 
+from launch import local_cluster
 from tests.processes import assert_all_gone, descendants, launch
 
 JOB_TIMEOUT_S = 240
@@ -128,3 +130,35 @@ class TestTwoLearnersTwoPs(FaultToleranceMixin):
   """Two shards: each has its own clock, tokens and ledger."""
   NUM_LEARNERS = 2
   NUM_PS = 2
+
+
+def test_a_learner_started_late_joins_and_trains(tmp_path):
+  # A TF_CONFIG cluster (as on Kubernetes) whose worker:1 starts well after
+  # the chief: the chief waits for it (TensorFlow connects to every task),
+  # nothing fails, and once it serves both learners train to exact totals.
+  cluster = local_cluster.make_cluster_spec(num_learners=2, num_ps=1)
+  results = tmp_path / "results.json"
+  job = ["--model=mlp", "--dataset=synthetic", "--minibatch=8",
+         "--protocol=hardsync", "--epochs=1", "--steps_per_epoch=40",
+         "--lr=0.05", f"--results={results}"]
+
+  def start(task_type, index):
+    return launch(job, env_extra={"TF_CONFIG": local_cluster.tf_config_for(
+        cluster, task_type, index)})
+  tasks = {"ps:0": start("ps", 0), "worker:0": start("worker", 0),
+           "chief:0": start("chief", 0)}
+  try:
+    time.sleep(15)  # the late start; the chief cannot finish without it
+    assert tasks["chief:0"].poll() is None, tasks["chief:0"].communicate()[0]
+    tasks["worker:1"] = start("worker", 1)
+    outputs = {name: task.communicate(timeout=JOB_TIMEOUT_S)[0]
+               for name, task in tasks.items()}
+  finally:
+    for task in tasks.values():
+      if task.poll() is None:
+        task.kill()
+  for name, task in tasks.items():
+    assert task.returncode == 0, f"{name}:\n{outputs[name][-2000:]}"
+  saved = json.loads(results.read_text())
+  assert saved["gradients"] == 40 and saved["updates"] == 20
+  assert all(count > 0 for count in saved["learner_gradients"]), saved
