@@ -242,11 +242,15 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
                  self._protocol.num_learners)
     return int(held.numpy())
 
+  def _read_ledger(self):
+    """The ledger as numpy, read eagerly under the lock."""
+    with tf.device(self.device):
+      return self._lock.execute(self.ledger.read_value,
+                                exclusive_resource_access=False).numpy()
+
   def token_counts(self):
     """Hardsync tokens: (available, held by each learner), read eagerly."""
-    with tf.device(self.device):
-      ledger = self._lock.execute(self.ledger.read_value,
-                                  exclusive_resource_access=False).numpy()
+    ledger = self._read_ledger()
     holding = self._layout.holding
     return (int(ledger[LedgerLayout.AVAILABLE]),
             [int(h) for h in ledger[holding:holding +
@@ -549,9 +553,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
 
     Returns the arguments of `report.ShardReport.from_counters`.
     """
-    with tf.device(self.device):
-      ledger = self._lock.execute(self.ledger.read_value,
-                                  exclusive_resource_access=False).numpy()
+    ledger = self._read_ledger()
     layout = self._layout
     return [ledger[layout.TIMESTAMP], ledger[layout.PENDING],
             ledger[layout.RECEIVED], ledger[layout.DROPPED],
