@@ -12,12 +12,13 @@ its worker dies mid-closure, the closure runs again on another worker, and
 the pushes its first run had already made would be applied a second time.
 Every scheduled closure gets a key (k, k+1, ..., from a random base k) and a
 limit, the number of pushes one run of it makes; each shard accepts at most
-`limit` pushes per key and counts the rest as duplicates (`StalenessReport.duplicates`). So each
-scheduled training step contributes exactly one gradient, whichever run
-delivered it. The limit is 1 for a function with one training step, the
-`steps_per_execution` argument for tf_keras's multi-step train function, and
--1 (no de-duplication) when it cannot be known (several `strategy.run` calls,
-or one inside a loop of unknown length).
+`limit` pushes per key and counts the rest as duplicates
+(`StalenessReport.duplicates`). So each scheduled training step contributes
+exactly one gradient, whichever run delivered it. The limit is 1 for a
+function with one training step, the `steps_per_execution` argument for
+tf_keras's multi-step train function, and -1 (no de-duplication) when it
+cannot be known (several `strategy.run` calls, or one inside a loop of
+unknown length).
 """
 
 import contextlib
@@ -161,7 +162,7 @@ def nest_specs(structure):
 
 
 def first_push_key():
-  """A random base for one run's push keys (1, 2, 3, ... after it).
+  """A random base k for one run's push keys (k, k+1, k+2, ...).
 
   A restored checkpoint remembers the keys its run had seen; a new run's
   keys start elsewhere (2^40 bases), so none of its pushes is refused.

@@ -100,6 +100,11 @@ class _Changes:
         tf.stack(self._deltas))
 
 
+def _one(flag):
+  """1 where a bool tensor is True, else 0 (int64)."""
+  return tf.cast(flag, _INT)
+
+
 def _on_device(push_key):
   """A copy of a PushKey whose tensors were copied to the current device."""
   return type(push_key)(tf.identity(push_key.key),
@@ -279,9 +284,9 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       stale = self._stale(learner, incarnation)
       take = tf.logical_and(changes.old[LedgerLayout.AVAILABLE] > 0,
                             tf.logical_not(stale))
-      changes.add(LedgerLayout.AVAILABLE, -tf.cast(take, _INT))
+      changes.add(LedgerLayout.AVAILABLE, -_one(take))
       if learner is not None:
-        changes.add(layout.holding + learner, tf.cast(take, _INT))
+        changes.add(layout.holding + learner, _one(take))
       _, written = self._commit(changes)
       with tf.control_dependencies(written):
         tf.cond(stale, lambda: _after_all_ops(lambda: self._ring(1)),
@@ -418,23 +423,23 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
                                                           max_staleness)
     pending = old[LedgerLayout.PENDING]
     complete = accepted & (pending + 1 >= c)
-    one = lambda flag: tf.cast(flag, _INT)  # pylint: disable=unnecessary-lambda-assignment
 
-    changes.add(LedgerLayout.RECEIVED, one(delivered))
-    changes.add(LedgerLayout.STALENESS_SUM, staleness * one(delivered))
+    changes.add(LedgerLayout.RECEIVED, _one(delivered))
+    changes.add(LedgerLayout.STALENESS_SUM, staleness * _one(delivered))
     changes.set(LedgerLayout.STALENESS_MAX,
                 tf.maximum(old[LedgerLayout.STALENESS_MAX], staleness),
                 when=delivered)
     changes.add(layout.histogram + tf.minimum(staleness, layout.bins - 1),
-                one(delivered))
+                _one(delivered))
     if learner is not None:
-      changes.add(layout.learners + learner, one(delivered))
-    changes.add(LedgerLayout.DROPPED, one(delivered & tf.logical_not(accepted)))
-    changes.add(LedgerLayout.DUPLICATES, one(tf.logical_not(delivered)))
+      changes.add(layout.learners + learner, _one(delivered))
+    changes.add(LedgerLayout.DROPPED,
+                _one(delivered & tf.logical_not(accepted)))
+    changes.add(LedgerLayout.DUPLICATES, _one(tf.logical_not(delivered)))
     changes.set(LedgerLayout.PENDING,
                 tf.where(complete, tf.zeros_like(pending), pending + 1),
                 when=accepted)
-    changes.add(LedgerLayout.TIMESTAMP, one(complete))
+    changes.add(LedgerLayout.TIMESTAMP, _one(complete))
     if push_key is not None:
       changes.set(layout.seen_keys + slot, push_key.key, when=delivered)
       changes.set(layout.seen_counts + slot,
@@ -450,8 +455,8 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
         held = old[layout.holding + learner]
         changes.set(layout.holding + learner, tf.maximum(held - 1, 0),
                     when=live)
-      tokens_back = (one(live & tf.logical_not(accepted)) +
-                     one(complete) * self._protocol.num_learners)
+      tokens_back = (_one(live & tf.logical_not(accepted)) +
+                     _one(complete) * self._protocol.num_learners)
       changes.add(LedgerLayout.AVAILABLE, tokens_back)
     return dict(staleness=staleness, delivered=delivered, accepted=accepted,
                 complete=complete, tokens_back=tokens_back)
