@@ -31,6 +31,7 @@ The protocol rules themselves come from `protocol.py`.
 
 import tensorflow as tf
 
+from rudra_tf import packing
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import variables as variables_lib
 
@@ -103,12 +104,6 @@ class _Changes:
 def _one(flag):
   """1 where a bool tensor is True, else 0 (int64)."""
   return tf.cast(flag, _INT)
-
-
-def _on_device(push_key):
-  """A copy of a PushKey whose tensors were copied to the current device."""
-  return type(push_key)(tf.identity(push_key.key),
-                        tf.identity(push_key.limit))
 
 
 def _after_all_ops(fn):
@@ -316,8 +311,10 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     taken = None
     with tf.device(self.device):
       def read():
-        return [self.ledger.live_read()[LedgerLayout.TIMESTAMP]] + [
-            tf.identity(v.live_read()) for v in self._model_variables]
+        # One packed copy of the weights: one transfer to the learner.
+        weights = [v.live_read() for v in self._model_variables]
+        return [self.ledger.live_read()[LedgerLayout.TIMESTAMP]] + (
+            packing.pack(weights) if weights else [])
       if self._wakeups is not None:
         # The version cannot change between the take and the read: its
         # update needs this learner's gradient.
@@ -332,10 +329,14 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
         values = self._lock.execute(read, exclusive_resource_access=False)
       else:
         values = read()
-    values = [tf.stop_gradient(v) for v in values]
+    # The timestamp stays on the ps (only the push there uses it); the
+    # weights are unpacked on the learner.
     pulled.timestamps[self.index] = values[0]
-    for variable, snapshot in zip(self._model_variables, values[1:]):
-      pulled.snapshots[id(variable)] = snapshot
+    if self._model_variables:
+      snapshots = packing.unpack([tf.stop_gradient(v) for v in values[1:]],
+                                 self._model_variables)
+      for variable, snapshot in zip(self._model_variables, snapshots):
+        pulled.snapshots[id(variable)] = snapshot
     return taken
 
   # -------------------------------------------------------------------- push
@@ -370,19 +371,29 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     """
     # Everything the learner sends is copied to the ps before the lock is
     # taken: the lock is never held while bytes travel, and a learner that
-    # dies mid-transfer cannot leave the shard locked.
+    # dies mid-transfer cannot leave the shard locked. It is packed on the
+    # learner into two transfers: the gradients, and the int64 metadata.
+    variables = [variable for _, variable in grads_and_vars]
+    sent = packing.pack([gradient for gradient, _ in grads_and_vars])
+    metadata = {"learner": learner, "incarnation": incarnation}
+    if push_key is not None:
+      metadata.update(key=push_key.key, limit=push_key.limit)
+    metadata = {name: tf.cast(value, _INT)
+                for name, value in metadata.items() if value is not None}
+    if metadata:
+      sent.append(tf.stack(list(metadata.values())))
     with tf.device(self.device):
-      gradient_of = {id(v): tf.identity(g) for g, v in grads_and_vars}
-      arrived = list(gradient_of.values())
-      if learner is not None:
-        learner = tf.identity(learner)
-        arrived.append(learner)
-      if incarnation is not None:
-        incarnation = tf.identity(incarnation)
-        arrived.append(incarnation)
+      arrived = [tf.identity(tensor) for tensor in sent]
+      if metadata:
+        metadata = dict(zip(metadata, tf.unstack(arrived[-1])))
+      gradients = packing.unpack(
+          arrived[:-1] if metadata else arrived,
+          [tf.TensorSpec(v.shape, g.dtype) for g, v in grads_and_vars])
+      gradient_of = {id(v): g for g, v in zip(gradients, variables)}
+      learner = metadata.get("learner")
+      incarnation = metadata.get("incarnation")
       if push_key is not None:
-        push_key = _on_device(push_key)
-        arrived += [push_key.key, push_key.limit]
+        push_key = type(push_key)(metadata["key"], metadata["limit"])
     with tf.control_dependencies(arrived), tf.device(self.device), \
         variables_lib.live_reads():
       if not consistent and self._protocol.gradients_per_update == 1 and \
