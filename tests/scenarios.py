@@ -417,3 +417,44 @@ def rerun_closures(protocol="async", consistent_pulls=True, steps=3,
   coordinator.join()
   return {"w": float(np.asarray(w.read_value())), "report": _report(strategy),
           "limit": keyed.limit(args)}
+
+
+def step_transfers(protocol="async", num_learners=1):
+  """The tensors a traced training step sends between learner and ps.
+
+  Traces one `strategy.run` step (forward, gradients, push) of the MLP and
+  lists, for each direction, the distinct non-resource tensors whose
+  producer and consumer sit on different sides: each is one Send/Recv pair
+  (TensorFlow sends a tensor once per destination device).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, num_learners, protocol)
+  model = _compiled_mlp(strategy, "sgd_momentum", "none")
+
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(
+          tf_keras.losses.sparse_categorical_crossentropy(y, model(x)))
+    variables = model.trainable_variables
+    model.optimizer.apply_gradients(zip(tape.gradient(loss, variables),
+                                        variables))
+    return loss
+
+  @tf.function
+  def train_step(x, y):
+    return strategy.run(step, args=(x, y))
+
+  graph = train_step.get_concrete_function(
+      tf.TensorSpec([4, 6], tf.float32), tf.TensorSpec([4], tf.int64)).graph
+
+  def on_ps(op):
+    return "/job:ps" in op.device
+
+  sent = {"to_ps": set(), "to_learner": set()}
+  for op in graph.get_operations():
+    for tensor in op.inputs:
+      if tensor.dtype == tf.resource or on_ps(tensor.op) == on_ps(op):
+        continue
+      sent["to_ps" if on_ps(op) else "to_learner"].add(tensor.name)
+  return {direction: sorted(names) for direction, names in sent.items()}

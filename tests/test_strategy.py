@@ -161,6 +161,22 @@ def test_async_fast_path_applies_outside_the_lock_with_exact_counters():
 
 
 # --------------------------------------------------------------- placement
+@pytest.mark.parametrize("protocol,num_learners,metadata_to_pull", [
+    ("async", 1, 0),
+    # Hardsync's pull takes a token with the learner and its incarnation.
+    ("hardsync", 2, 2)])
+def test_a_step_crosses_between_learner_and_ps_in_packed_transfers(
+    protocol, num_learners, metadata_to_pull):
+  # The MLP has 4 variables on one shard. Unpacked, a step sent each weight
+  # to the learner and each gradient, the pulled timestamp and the learner
+  # index back (11 transfers); packed: the weights as one tensor, the
+  # gradients as one, the push's int64 metadata as one.
+  sent = run_in_fresh_process(scenarios.step_transfers, protocol=protocol,
+                              num_learners=num_learners)
+  assert len(sent["to_learner"]) == 1, sent
+  assert len(sent["to_ps"]) == 2 + metadata_to_pull, sent
+
+
 def test_two_ps_tasks_spread_and_partitioned_variables_match():
   plain = run_in_fresh_process(scenarios.two_ps_training, partitioned=False)
   sharded = run_in_fresh_process(scenarios.two_ps_training, partitioned=True)
