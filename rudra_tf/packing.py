@@ -1,4 +1,4 @@
-"""Packs many tensors into one flat tensor per dtype, so that they cross once.
+"""Packs small tensors into one flat tensor per dtype, so that they cross once.
 
 Every tensor that crosses between a learner and a ps task inside a training
 step is a transfer of its own (a Send/Recv pair: one RPC). A pull of a
@@ -11,17 +11,32 @@ dominates for small tensors. Packed, a pull is one transfer and a push two
     a2, b2 = unpack(flat, [a, b])  # flat: one [10] float32 tensor
 
 Packing is a reshape and one concat (a copy of the bytes, far cheaper than
-an RPC); unpacking is a split and reshapes.
+an RPC for small tensors); unpacking is a split and reshapes. A tensor over
+`PACK_LIMIT_BYTES` crosses alone: for it the RPC's fixed cost is small next
+to its bytes, and packing would copy it on both sides (measured with the
+ps-capacity benchmark, packing everything lowered pushes/s at 10 and 100 MB
+models and doubled the ps task's peak memory at 100 MB).
 """
 
 import tensorflow as tf
 
+# 1 MiB: copying it costs about what one RPC's fixed cost does on a CPU.
+PACK_LIMIT_BYTES = 1 << 20
+
 
 def _groups(specs):
-  """Indices of `specs` grouped by dtype, in order of first appearance."""
+  """Indices of `specs` to send together, in order of first appearance.
+
+  Tensors of one dtype up to PACK_LIMIT_BYTES form one group; a larger
+  tensor is a group of its own.
+  """
   groups = {}
   for index, spec in enumerate(specs):
-    groups.setdefault(tf.as_dtype(spec.dtype), []).append(index)
+    dtype = tf.as_dtype(spec.dtype)
+    if _num_elements(spec) * dtype.size > PACK_LIMIT_BYTES:
+      groups[("alone", index)] = [index]
+    else:
+      groups.setdefault(dtype, []).append(index)
   return list(groups.values())
 
 
@@ -40,14 +55,14 @@ def pack(tensors):
     tensors: a non-empty list of tensors with fully defined shapes.
 
   Returns:
-    A list of 1-D tensors, one per dtype, in order of first appearance.
+    A list of 1-D tensors: one per dtype of the tensors up to
+    PACK_LIMIT_BYTES, and one per larger tensor, in order of first
+    appearance.
   """
   if not tensors:
     raise ValueError("pack needs at least one tensor, got none.")
   packed = []
   for indices in _groups(tensors):
-    for index in indices:
-      _num_elements(tensors[index])
     flat = [tf.reshape(tensors[index], [-1]) for index in indices]
     packed.append(flat[0] if len(flat) == 1 else tf.concat(flat, axis=0))
   return packed
@@ -67,7 +82,7 @@ def unpack(packed, like):
   groups = _groups(like)
   if len(packed) != len(groups):
     raise ValueError(f"unpack got {len(packed)} packed tensors for "
-                     f"{len(groups)} dtypes.")
+                     f"{len(groups)} groups (dtypes and large tensors).")
   tensors = [None] * len(like)
   for flat, indices in zip(packed, groups):
     sizes = [_num_elements(like[index]) for index in indices]

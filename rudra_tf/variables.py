@@ -30,8 +30,10 @@ class PulledWeights:
   """The tensors of one pull: per-variable snapshots and per-shard timestamps.
 
   Attributes:
-    snapshots: maps `id(RudraVariable)` to the snapshot tensor on its ps task.
-    timestamps: maps a shard's index to the timestamp tensor read with it.
+    snapshots: maps `id(RudraVariable)` to its snapshot tensor (unpacked on
+      the learner from the shard's one packed transfer).
+    timestamps: maps a shard's index to the timestamp read with it (a
+      tensor on that shard's ps task, where the push uses it).
     push_key: the closure's `coordinator.PushKey`, or None (no
       de-duplication).
     learner: the index of the learner that pulled (an int64 tensor).

@@ -39,6 +39,21 @@ def test_a_single_tensor_is_only_reshaped():
   np.testing.assert_array_equal(back.numpy(), np.ones([3, 2]))
 
 
+def test_a_tensor_over_the_limit_crosses_alone():
+  limit_elements = packing.PACK_LIMIT_BYTES // 4  # float32
+  small = tf.constant([1., 2.])
+  at_limit = tf.fill([limit_elements], 3.)      # exactly the limit: packed
+  large = tf.fill([limit_elements + 1], 4.)     # one value more: alone
+  tail = tf.constant([5.])
+  packed = packing.pack([small, large, at_limit, tail])
+  # First appearance: the float32 group (small), then large on its own.
+  assert [p.shape.as_list() for p in packed] == [
+      [2 + limit_elements + 1], [limit_elements + 1]]
+  back = packing.unpack(packed, [small, large, at_limit, tail])
+  for original, tensor in zip([small, large, at_limit, tail], back):
+    np.testing.assert_array_equal(tensor.numpy(), original.numpy())
+
+
 def test_pack_and_unpack_inside_a_function_keep_static_shapes():
   specs = [tf.TensorSpec([4, 5], tf.float32), tf.TensorSpec([5], tf.float32)]
 
@@ -58,7 +73,7 @@ def test_bad_input_gets_a_clear_error():
   with pytest.raises(ValueError, match="at least one tensor"):
     packing.pack([])
   with pytest.raises(ValueError, match="unpack got 1 packed tensors for 2 "
-                     "dtypes"):
+                     "groups"):
     packing.unpack([tf.zeros([3])], [tf.TensorSpec([2], tf.float32),
                                      tf.TensorSpec([1], tf.int64)])
 
