@@ -43,6 +43,8 @@ import time
 
 import portpicker
 
+from launch import tf_environment
+
 _PR_SET_PDEATHSIG = 1
 # How long a task may take to open its port (TensorFlow import + server).
 STARTUP_TIMEOUT_S = 120
@@ -162,7 +164,7 @@ class LocalProcessCluster:
   def _environment_for(self, task_type, index):
     environment = dict(self._environment)
     environment["TF_CONFIG"] = tf_config_for(self.cluster, task_type, index)
-    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tf_environment.apply_defaults(environment)
     environment.setdefault("PYTHONUNBUFFERED", "1")
     if self._gpus > 0:
       environment["CUDA_VISIBLE_DEVICES"] = (

@@ -19,9 +19,11 @@ import socket
 import sys
 import time
 
-# Before anything imports TensorFlow: quiet its C++ start-up logging here and
-# in every task this process starts (they inherit the environment).
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from launch import tf_environment
+
+# Before anything imports TensorFlow: here and in every task this process
+# starts (they inherit the environment).
+tf_environment.apply_defaults()
 
 from absl import app
 from absl import flags

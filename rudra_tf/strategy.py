@@ -163,6 +163,10 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     * Trainable variables must exist before the first training step.
     * One RudraStrategy (and one cluster) per process: TensorFlow connects a
       process to one cluster, and a second strategy was seen to hang.
+    * On CPUs, start every task with TF_CPU_ALLOCATOR_USE_BFC=true (as
+      `launch.train` does): with TensorFlow's default allocator a learner
+      spent about a fifth of its CPU on fresh pages for each step's buffers
+      (docs/performance.md, "Allocator").
   """
 
   def __init__(self, cluster_resolver, protocol="async", *,

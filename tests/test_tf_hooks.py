@@ -5,6 +5,9 @@ these, this file fails first and names which.
 """
 
 import inspect
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +17,7 @@ from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
 from tensorflow.python.distribute import ps_values
 from tensorflow.python.ops import critical_section_ops
 
+from launch import tf_environment
 from rudra_tf import strategy as strategy_lib
 
 
@@ -186,3 +190,39 @@ def test_call_time_captures_behind_learner_identity():
   assert hasattr(coordinator_context, "get_current_dispatch_context")
   assert "capture_call_time_value" in inspect.getsource(
       coordinator_context.get_current_worker_index)
+
+
+_ALLOCATOR_PROBE = """
+import os, sys
+if sys.argv[1] == "launch":
+  import launch.train  # applies launch.tf_environment's defaults
+import tensorflow as tf
+x = tf.random.normal([256, 256])
+_ = (x @ x).numpy()
+try:
+  print("bfc", tf.config.experimental.get_memory_info("CPU:0")["peak"] > 0)
+except ValueError:
+  print("malloc")
+"""
+
+
+@pytest.mark.parametrize("how, setting, expected", [
+    ("launch", None, "bfc True"),      # launch.train's default
+    ("launch", "false", "malloc"),     # a user's opt-out is kept
+    ("plain", None, "malloc"),         # TensorFlow's own default
+    ("plain", "true", "bfc True"),     # the variable TensorFlow reads
+])
+def test_launch_selects_tensorflows_bfc_cpu_allocator(how, setting, expected):
+  # launch.train sets TF_CPU_ALLOCATOR_USE_BFC (read by TensorFlow's C++
+  # ProcessState); only a BFC allocator has memory stats on CPU, so this
+  # fails if an upgrade renames the variable or changes its meaning.
+  variable = tf_environment.CPU_ALLOCATOR_VARIABLE
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  environment = {k: v for k, v in os.environ.items() if k != variable}
+  if setting is not None:
+    environment[variable] = setting
+  environment["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  out = subprocess.run([sys.executable, "-c", _ALLOCATOR_PROBE, how],
+                       cwd=repo, env=environment, text=True,
+                       capture_output=True, timeout=120, check=True)
+  assert out.stdout.strip().splitlines()[-1] == expected, out.stderr[-2000:]
