@@ -193,7 +193,7 @@ def test_call_time_captures_behind_learner_identity():
 
 
 _ALLOCATOR_PROBE = """
-import os, sys
+import sys
 if sys.argv[1] == "launch":
   import launch.train  # applies launch.tf_environment's defaults
 import tensorflow as tf
