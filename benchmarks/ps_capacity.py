@@ -9,8 +9,10 @@ compute: each step pulls and pushes the full size) with RudraStrategy
 pulls without the lock, so the learners push as fast as the ps tasks and the
 network let them. The weights are in 8 variables, spread round-robin over
 the ps tasks, each ps task holding its own shard state. Reports pushes/s,
-the MB/s of gradients pushed, and the peak memory of a ps task, for every
-(size, ps tasks) pair; OUT_DIR/ps_capacity.json and ps_capacity.md.
+the MB/s of gradients pushed, the CPU cores the ps tasks, the learners and
+all tasks used, the ps tasks' CPU per push, and the peak memory of a ps
+task, for every (size, ps tasks) pair; OUT_DIR/ps_capacity.json and
+ps_capacity.md.
 """
 
 import os
@@ -53,16 +55,29 @@ def run_point(size_mb, num_ps, out):
           "learners": FLAGS.num_learners, "pushes": steps,
           "pushes_per_s": figures["pushes_per_s"],
           "pushed_mb_per_s": figures["pushes_per_s"] * size_mb,
-          "ps_peak_memory_mb": figures["memory_mb"].get("ps", 0.0)}
+          "ps_peak_memory_mb": figures["memory_mb"].get("ps", 0.0),
+          "cpu_cores": figures["cpu_cores"],
+          "ps_cpu_ms_per_push": _ps_cpu_ms_per_push(figures)}
+
+
+def _ps_cpu_ms_per_push(figures):
+  """CPU ms of all ps tasks together per push (a push reaches every ps)."""
+  cores = figures["cpu_cores"].get("ps")
+  return None if cores is None else 1000 * cores / figures["pushes_per_s"]
 
 
 def markdown(rows):
   lines = ["| model size (MB) | ps tasks | learners | pushes/s | pushed MB/s |"
-           " ps peak memory (MB) |", "|---" * 6 + "|"]
+           " CPU cores (ps / learners / all) | ps CPU ms per push |"
+           " ps peak memory (MB) |", "|---" * 8 + "|"]
   for row in rows:
+    cores = row["cpu_cores"]
     lines.append(f"| {row['size_mb']:g} | {row['ps_tasks']} | "
                  f"{row['learners']} | {row['pushes_per_s']:.1f} | "
                  f"{row['pushed_mb_per_s']:.0f} | "
+                 + " / ".join(results.format_figure(cores.get(kind), ".2f")
+                              for kind in ("ps", "worker", "total")) +
+                 f" | {results.format_figure(row['ps_cpu_ms_per_push'], '.1f')} | "
                  f"{row['ps_peak_memory_mb']:.0f} |")
   return "\n".join(lines) + "\n"
 

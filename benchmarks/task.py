@@ -6,7 +6,9 @@ stock ParameterServerStrategy) the ps and worker tasks serve and the chief
 trains; with "multi_worker_mirrored" the chief and every worker train (one
 all-reduce per step). Training is two epochs of --steps_per_epoch steps:
 the first warms up (tracing, connections), the second is timed. The chief
-writes the figures to --out; every task appends its peak memory.
+writes the figures to --out, with the timed epoch's begin and end on the
+machine's monotonic clock; every task writes its peak memory and its CPU
+time samples (benchmarks/cpu_meter.py) to task_<type>_<index>.json.
 """
 
 import json
@@ -22,6 +24,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 
+from benchmarks import cpu_meter  # pylint: disable=g-import-not-at-top
 from launch import train as launch_train  # defines the launch flags
 
 STRATEGIES = ("single", "rudra", "parameter_server", "multi_worker_mirrored")
@@ -35,6 +38,13 @@ FLAGS = flags.FLAGS
 
 def peak_memory_mb():
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def write_task_figures(task_name, meter):
+  """This task's peak memory and CPU samples (read by benchmarks/results)."""
+  write_json(f"task_{task_name.replace(':', '_')}.json",
+             {"task": task_name, "peak_memory_mb": peak_memory_mb(),
+              "cpu_samples": meter.samples()})
 
 
 def write_json(name, payload):
@@ -140,7 +150,9 @@ def train(config):
     staleness = None
   else:  # single, or one all-reduced update of λ gradients per step
     gradients, updates, staleness = steps * learners, steps, 0.0
-  return {"seconds": seconds, "updates_per_s": updates / seconds,
+  return {"seconds": seconds, "timed_begin": timer.begin[1][0],
+          "timed_end": timer.end[1][0], "steps": steps,
+          "updates_per_s": updates / seconds,
           "pushes_per_s": gradients / seconds,
           "examples_per_s": gradients * config.minibatch / seconds,
           "staleness_mean": staleness}
@@ -149,11 +161,11 @@ def train(config):
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  meter = cpu_meter.CpuMeter()
   if FLAGS.strategy == "single":
     config = launch_train.launch_flags.resolve_config(FLAGS, 1, 1)
     figures = train(config)
-    write_json("memory_single_0.json", {"task": "single:0",
-                                        "peak_memory_mb": peak_memory_mb()})
+    write_task_figures("single:0", meter)
     write_json("figures.json", figures)
     print(f"single: {figures}", flush=True)
     return 0
@@ -165,12 +177,10 @@ def main(argv):
       1 if FLAGS.strategy == "multi_worker_mirrored" else 0)
   config = launch_train.launch_flags.resolve_config(
       FLAGS, num_learners, max(1, len(cluster.get("ps", ()))))
-  memory_file = f"memory_{task['type']}_{task.get('index', 0)}.json"
 
   def record_memory_and_exit(signum, frame):
     del frame
-    write_json(memory_file, {"task": task_name,
-                             "peak_memory_mb": peak_memory_mb()})
+    write_task_figures(task_name, meter)
     os._exit(0 if signum == signal.SIGTERM else 1)  # pylint: disable=protected-access
 
   if task["type"] != "chief":
@@ -184,8 +194,7 @@ def main(argv):
       record_memory_and_exit(signal.SIGTERM, None)
     return code
   figures = train(config)
-  write_json(memory_file, {"task": task_name,
-                           "peak_memory_mb": peak_memory_mb()})
+  write_task_figures(task_name, meter)
   if task["type"] == "chief":
     write_json("figures.json", figures)
     print(f"{FLAGS.strategy}: {figures}", flush=True)

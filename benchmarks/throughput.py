@@ -18,7 +18,10 @@ where there is one), one after the other in this one run:
 Each run trains two epochs of --steps_per_epoch steps and times the second.
 Figures: updates/s, pushes/s (gradients computed and sent), examples/s, the
 ratios of examples/s to the stock ParameterServerStrategy with the same λ and
-to the single process, and the peak memory of each kind of task. With
+to the single process, the CPU each kind of task used during the timed
+epoch (cores; "all" sums every task, so on this 2-core machine 2.0 is a
+full machine), the CPU of all tasks per gradient, and the peak memory of
+each kind of task. With
 --straggler_ms=SLOW,BASE learner 0 sleeps SLOW ms a step and the others
 BASE ms (launch/train.py --emulated_step_ms), for the contenders that give
 each learner its own input pipeline (Rudra's, MultiWorkerMirrored).
@@ -122,20 +125,30 @@ def add_ratios(rows):
   return rows
 
 
+def _cpu_cores(cores):
+  """"chief / worker / ps = all" cores (the single process counts as chief)."""
+  parts = [cores.get("chief", cores.get("single", 0.0)),
+           cores.get("worker", 0.0), cores.get("ps", 0.0)]
+  return (" / ".join(results.format_figure(part, ".2f") for part in parts) +
+          f" = {results.format_figure(cores.get('total'), '.2f')}")
+
+
 def markdown(rows):
-  def ratio(value):
-    return "–" if value is None else f"{value:.2f}"
   lines = ["| model | λ | straggler (ms) | contender | updates/s | pushes/s | "
-           "examples/s | vs stock PS | vs single | σ mean | memory MB "
-           "(chief / worker / ps) |", "|---" * 11 + "|"]
+           "examples/s | vs stock PS | vs single | σ mean | CPU cores "
+           "(chief / worker / ps = all) | CPU ms per push | memory MB "
+           "(chief / worker / ps) |", "|---" * 13 + "|"]
   for row in rows:
     memory = row["memory_mb"]
     lines.append(
         f"| {row['model']} | {row['learners']} | {row['straggler'] or '–'} | "
         f"{row['contender']} | {row['updates_per_s']:.1f} | "
         f"{row['pushes_per_s']:.1f} | {row['examples_per_s']:.0f} | "
-        f"{ratio(row['vs_parameter_server'])} | {ratio(row['vs_single'])} | "
-        f"{'–' if row['staleness_mean'] is None else format(row['staleness_mean'], '.2f')} | "
+        f"{results.format_figure(row['vs_parameter_server'], '.2f')} | "
+        f"{results.format_figure(row['vs_single'], '.2f')} | "
+        f"{results.format_figure(row['staleness_mean'], '.2f')} | "
+        f"{_cpu_cores(row['cpu_cores'])} | "
+        f"{results.format_figure(row['cpu_ms_per_push'], '.1f')} | "
         f"{memory.get('chief', memory.get('single', 0)):.0f} / "
         f"{memory.get('worker', 0):.0f} / {memory.get('ps', 0):.0f} |")
   return "\n".join(lines) + "\n"

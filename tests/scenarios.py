@@ -100,6 +100,21 @@ def one_learner_matches_plain(optimizer, steps=30):
           "report": _report(strategy)}
 
 
+def counter_placement(steps=7, steps_per_execution=3):
+  """Where tf_keras's counters and the weights live; a multi-step fit."""
+  _, strategy = _connect(2, 1, "async")
+  x, y = _data()
+  model = _compiled_mlp(strategy, "sgd_momentum", "none",
+                        steps_per_execution=steps_per_execution)
+  devices = {"steps_per_execution": model._steps_per_execution.device,  # pylint: disable=protected-access
+             "train_counter": model._train_counter.device,  # pylint: disable=protected-access
+             "weights": [w.device for w in model.trainable_weights]}
+  model.fit(_dataset(x, y, 4), epochs=1, steps_per_epoch=steps, verbose=0)
+  return {"devices": devices, "report": _report(strategy),
+          "train_counter": int(model._train_counter.numpy()),  # pylint: disable=protected-access
+          "steps_per_execution": int(model._steps_per_execution.numpy())}  # pylint: disable=protected-access
+
+
 # --------------------------------------------------------------- protocols
 def fit_and_report(num_learners, protocol, epochs=1, steps=40, num_ps=1,
                    evaluate_between=False, more_steps=0,

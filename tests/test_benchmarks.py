@@ -5,8 +5,11 @@ import os
 import subprocess
 import sys
 
+import time
+
 import pytest
 
+from benchmarks import cpu_meter
 from benchmarks import ps_capacity
 from benchmarks import throughput
 
@@ -56,6 +59,34 @@ def test_capacity_pushes_shrink_for_big_models():
   assert ps_capacity.steps_for(1000, 1000) == 20  # one closure at least
 
 
+def test_cpu_between_two_instants_interpolates_the_samples():
+  # (monotonic s, cumulative CPU s): 0.5 cores from 10 to 12 s, then 2 cores.
+  samples = [(10.0, 1.0), (12.0, 2.0), (13.0, 4.0)]
+  # 11 s: 1.0 + 0.5 * 1 = 1.5; 12.5 s: 2.0 + 2 * 0.5 = 3.0.
+  assert cpu_meter.cpu_seconds_between(samples, 11.0, 12.5) == 1.5
+  assert cpu_meter.cpu_seconds_between(samples, 10.0, 13.0) == 3.0
+  assert cpu_meter.cpu_seconds_between(samples, 12.0, 12.0) == 0.0
+  # Samples that do not cover the interval give no figure, not a guess.
+  assert cpu_meter.cpu_seconds_between(samples, 9.0, 12.0) is None
+  assert cpu_meter.cpu_seconds_between(samples, 11.0, 13.5) is None
+  assert cpu_meter.cpu_seconds_between([], 1.0, 2.0) is None
+
+
+def test_cpu_meter_counts_this_process_busy_and_idle():
+  meter = cpu_meter.CpuMeter(interval_s=0.05)
+  begin = time.monotonic()
+  while time.monotonic() - begin < 0.6:  # busy: about one core
+    pass
+  middle = time.monotonic()
+  time.sleep(0.6)  # idle
+  end = time.monotonic()
+  samples = meter.samples()
+  busy = cpu_meter.cpu_seconds_between(samples, begin, middle)
+  idle = cpu_meter.cpu_seconds_between(samples, middle, end)
+  assert 0.3 < busy / (middle - begin) < 1.2
+  assert idle / (end - middle) < 0.2
+
+
 def test_one_run_side_by_side(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "benchmarks.throughput", "--models=mlp",
@@ -74,8 +105,17 @@ def test_one_run_side_by_side(tmp_path):
   assert rudra["pushes_per_s"] == pytest.approx(rudra["updates_per_s"])
   assert rudra["examples_per_s"] == pytest.approx(32 * rudra["pushes_per_s"])
   assert rudra["staleness_mean"] == 0.0
-  for row in (stock, rudra):  # every task reported its memory
+  for row in (stock, rudra):  # every task reported its memory and CPU
     assert set(row["memory_mb"]) == {"chief", "worker", "ps"}
     assert min(row["memory_mb"].values()) > 50
+    cores = row["cpu_cores"]
+    assert set(cores) == {"chief", "worker", "ps", "total"}
+    assert cores["total"] == pytest.approx(
+        cores["chief"] + cores["worker"] + cores["ps"])
+    assert cores["worker"] > 0.05  # the learner computed the gradients
+  for row in rows:  # CPU of all tasks per gradient, from the same epoch
+    assert row["cpu_ms_per_push"] == pytest.approx(
+        1000 * row["cpu_cores"]["total"] / row["pushes_per_s"])
+  assert set(single["cpu_cores"]) == {"single", "total"}
   assert "| mlp | 1 | – | rudra:async |" in (
       tmp_path / "throughput.md").read_text()

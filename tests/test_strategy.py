@@ -42,6 +42,22 @@ def test_one_learner_async_equals_plain_keras(optimizer):
   assert not np.allclose(result["plain"][0], initial[0], atol=1e-3)
 
 
+def test_steps_per_execution_counter_lives_on_the_chief():
+  # tf_keras reads it on the chief before every closure; the weights and
+  # the counter the steps increment stay on the ps tasks.
+  result = run_in_fresh_process(scenarios.counter_placement)
+  devices = result["devices"]
+  assert devices["steps_per_execution"].startswith("/job:chief/")
+  assert devices["train_counter"].startswith("/job:ps/")
+  assert {d.split("/device")[0] for d in devices["weights"]} == {
+      "/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"}
+  # 7 steps at 3 per closure: 3 + 3 and a last closure of 1, which tf_keras
+  # runs by setting the chief's counter to 1 and back to 3.
+  assert result["report"]["gradients"] == 7
+  assert result["train_counter"] == 7
+  assert result["steps_per_execution"] == 3
+
+
 # ---------------------------------------------------------------- hardsync
 def test_hardsync_staleness_is_zero_and_odd_step_counts_finish():
   # 2 epochs of 20 steps, an evaluate, then 7 more steps: 47 gradients,

@@ -81,6 +81,26 @@ def test_tf_keras_step_builders_are_recognized():
       inspect.getsource(model_class.fit))
 
 
+def test_tf_keras_steps_per_execution_counter_hooks():
+  # RudraStrategy places the counter made in this method on the chief: only
+  # the chief reads it, before every scheduled closure.
+  assert strategy_lib._CHIEF_COUNTER_BUILDERS == (
+      "_configure_steps_per_execution",)
+  builder = inspect.getsource(tf_keras.Model._configure_steps_per_execution)
+  assert "self._steps_per_execution = self._create_counter_variable" in builder
+  assert "tf.Variable(" in inspect.getsource(
+      tf_keras.Model._create_counter_variable)
+  from tf_keras.src.engine import data_adapter  # pylint: disable=g-import-not-at-top
+  steps = inspect.getsource(data_adapter.DataHandler.steps)
+  assert "self._steps_per_execution.numpy()" in steps
+  # The scheduled multi-step function gets the value as an argument: no
+  # learner reads the chief's variable.
+  train_builder = inspect.getsource(tf_keras.Model.make_train_function)
+  assert "args=(it, self._steps_per_execution.value())" in train_builder
+  assert tf_keras.Model._configure_steps_per_execution.__module__.startswith(
+      "tf_keras.")
+
+
 def test_coordinator_hooks_for_per_learner_datasets():
   from tensorflow.python.distribute import input_util  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute.coordinator import cluster_coordinator  # pylint: disable=g-import-not-at-top
