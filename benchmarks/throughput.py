@@ -99,7 +99,8 @@ def run_one(contender, model, num_learners, straggler, out):
     environment = dict(os.environ, PYTHONPATH=repo)
     code = local_cluster.LocalProcessCluster(
         command, num_learners=num_learners - 1 if mirrored else num_learners,
-        num_ps=0 if mirrored else 1, environment=environment).run()
+        num_ps=0 if mirrored else 1, environment=environment,
+        chief_computes=mirrored).run()
   if code != 0:
     raise RuntimeError(f"{contender} λ={num_learners} {model} failed "
                        f"(exit code {code})")

@@ -144,16 +144,24 @@ class LocalProcessCluster:
       ps tasks never see a GPU when gpus > 0.
     learner_restarts: how many times each learner task that dies is started
       again before its death fails the job.
+    chief_computes: the chief trains too (MultiWorkerMirroredStrategy), so
+      it shares the cores with the learners.
+
+  Without GPUs, every task that computes (each learner, and the chief when
+  `chief_computes`) gets an equal share of this machine's cores as its
+  intra-op thread pool (`tf_environment.share_cores`), unless the
+  environment sets TF_NUM_INTRAOP_THREADS itself.
   """
 
   def __init__(self, command, num_learners, num_ps, gpus=0, out=sys.stdout,
-               environment=None, learner_restarts=0):
+               environment=None, learner_restarts=0, chief_computes=False):
     self.cluster = make_cluster_spec(num_learners, num_ps)
     self._command = list(command)
     self._gpus = gpus
     self._out = out
     self._environment = dict(environment or os.environ)
     self._learner_restarts = learner_restarts
+    self._chief_computes = chief_computes
     self._restarts = {}
     handle, self.pids_path = tempfile.mkstemp(prefix="rudra_pids_",
                                               suffix=".json")
@@ -165,6 +173,12 @@ class LocalProcessCluster:
     environment = dict(self._environment)
     environment["TF_CONFIG"] = tf_config_for(self.cluster, task_type, index)
     tf_environment.apply_defaults(environment)
+    computes = task_type == "worker" or (
+        task_type == "chief" and self._chief_computes)
+    if computes and self._gpus == 0:
+      computing_tasks = len(self.cluster.get("worker", ())) + (
+          1 if self._chief_computes else 0)
+      tf_environment.share_cores(environment, computing_tasks)
     environment.setdefault("PYTHONUNBUFFERED", "1")
     if self._gpus > 0:
       environment["CUDA_VISIBLE_DEVICES"] = (

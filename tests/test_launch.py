@@ -13,6 +13,8 @@ import pytest
 from absl import flags as absl_flags
 
 from launch import flags as launch_flags
+from launch import local_cluster
+from launch import tf_environment
 from tests.processes import REPO, assert_all_gone, descendants, launch
 
 SMALL_JOB = ["--model=mlp", "--dataset=synthetic", "--learners=2",
@@ -122,6 +124,38 @@ def test_cli_errors_are_one_line_before_any_server(tmp_path):
         {"cluster": cluster, "task": {"type": "ps", "index": 0}})})
     out, _ = bad.communicate(timeout=60)
   assert bad.returncode == 2 and f"127.0.0.1:{port}) is already in use" in out
+
+
+def test_cores_are_shared_among_the_tasks_that_compute():
+  threads = tf_environment.INTRA_OP_THREADS_VARIABLE
+  assert tf_environment.share_cores({}, 2, cores=2) == {threads: "1"}
+  assert tf_environment.share_cores({}, 1, cores=2) == {threads: "2"}
+  assert tf_environment.share_cores({}, 3, cores=16) == {threads: "5"}
+  assert tf_environment.share_cores({}, 4, cores=2) == {threads: "1"}
+  assert tf_environment.share_cores({threads: "7"}, 4, cores=2) == {
+      threads: "7"}  # the user's own setting wins
+  with pytest.raises(ValueError, match="computing_tasks must be >= 1, got 0"):
+    tf_environment.share_cores({}, 0)
+
+  def threads_of(cluster):
+    return {f"{task}:0": cluster._environment_for(task, 0).get(threads)  # pylint: disable=protected-access
+            for task in ("chief", "ps", "worker")}
+  cores = tf_environment.available_cores()
+  environment = {k: v for k, v in os.environ.items() if k != threads}
+  # A parameter-server cluster: the learners share; chief and ps keep
+  # TensorFlow's default.
+  assert threads_of(local_cluster.LocalProcessCluster(
+      ["true"], num_learners=2, num_ps=1, environment=environment)) == {
+          "chief:0": None, "ps:0": None, "worker:0": str(max(1, cores // 2))}
+  # The chief of an all-reduce cluster trains too.
+  shares = threads_of(local_cluster.LocalProcessCluster(
+      ["true"], num_learners=1, num_ps=1, environment=environment,
+      chief_computes=True))
+  assert shares["chief:0"] == shares["worker:0"] == str(max(1, cores // 2))
+  # Learners on GPUs are left alone.
+  assert threads_of(local_cluster.LocalProcessCluster(
+      ["true"], num_learners=2, num_ps=1, gpus=2,
+      environment=environment))["worker:0"] is None
 
 
 def test_local_cluster_trains_and_leaves_no_process(tmp_path):

@@ -246,3 +246,45 @@ def test_launch_selects_tensorflows_bfc_cpu_allocator(how, setting, expected):
                        cwd=repo, env=environment, text=True,
                        capture_output=True, timeout=120, check=True)
   assert out.stdout.strip().splitlines()[-1] == expected, out.stderr[-2000:]
+
+
+_INTRA_OP_PROBE = """
+import os, time
+import portpicker
+import tensorflow as tf
+ports = [portpicker.pick_unused_port() for _ in range(2)]
+spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{ports[0]}"],
+                             "chief": [f"127.0.0.1:{ports[1]}"]})
+server = tf.distribute.Server(spec, job_name="worker", task_index=0)
+tf.config.experimental_connect_to_cluster(spec, job_name="chief")
+
+@tf.function
+def products(x):
+  for _ in range(10):
+    x = tf.matmul(x, x) / 1200.0
+  return tf.reduce_sum(x)
+
+with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+  x = tf.random.normal([1200, 1200])
+  products(x).numpy()
+  wall, cpu = time.monotonic(), time.process_time()
+  for _ in range(3):
+    products(x).numpy()
+print("cores", (time.process_time() - cpu) / (time.monotonic() - wall))
+"""
+
+
+def test_intra_op_threads_variable_reaches_a_servers_devices():
+  # launch.local_cluster gives each learner a share of the cores through
+  # TF_NUM_INTRAOP_THREADS; a learner's steps run on its tf.distribute.Server's
+  # device, whose intra-op pool must follow it: with one thread, big matmuls
+  # there cannot use more than one core (TensorFlow's default uses them all).
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=repo)
+  environment[tf_environment.INTRA_OP_THREADS_VARIABLE] = "1"
+  result = subprocess.run([sys.executable, "-c", _INTRA_OP_PROBE],
+                          capture_output=True, text=True, timeout=300,
+                          env=environment, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  cores = float(result.stdout.split()[-1])
+  assert cores < 1.2, cores
