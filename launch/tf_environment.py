@@ -21,7 +21,7 @@ DEFAULTS = {LOG_LEVEL_VARIABLE: "2", CPU_ALLOCATOR_VARIABLE: "true"}
 # TensorFlow gives every process (and every server's devices) an intra-op
 # thread pool of one thread per core. The learners of a local cluster share
 # one machine, so λ such pools oversubscribe it: on 2 cores, two learners
-# of one thread each pushed 1-12% more gradients per second, at 3-8% less
+# of one thread each pushed 1-13% more gradients per second, at 4-13% less
 # CPU per gradient, than two of two threads (docs/performance.md).
 INTRA_OP_THREADS_VARIABLE = "TF_NUM_INTRAOP_THREADS"
 
