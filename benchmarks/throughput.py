@@ -108,7 +108,12 @@ def run_one(contender, model, num_learners, straggler, out):
 
 
 def add_ratios(rows):
-  """examples/s as a ratio to stock PS (same model, λ, straggler) and single."""
+  """Ratios to stock PS (same model, λ, straggler) and to the single process.
+
+  `vs_parameter_server` and `vs_single` divide examples/s, and so pushes/s
+  (every contender has the same μ); `updates_vs_parameter_server` and
+  `updates_vs_single` divide updates/s.
+  """
   def find(contender, model, learners, straggler):
     for row in rows:
       if (row["contender"], row["model"], row["learners"], row["straggler"]) \
@@ -123,6 +128,10 @@ def add_ratios(rows):
                                   stock["examples_per_s"]) if stock else None
     row["vs_single"] = (row["examples_per_s"] /
                         single["examples_per_s"]) if single else None
+    row["updates_vs_parameter_server"] = (
+        row["updates_per_s"] / stock["updates_per_s"]) if stock else None
+    row["updates_vs_single"] = (
+        row["updates_per_s"] / single["updates_per_s"]) if single else None
   return rows
 
 
@@ -136,9 +145,9 @@ def _cpu_cores(cores):
 
 def markdown(rows):
   lines = ["| model | λ | straggler (ms) | contender | updates/s | pushes/s | "
-           "examples/s | vs stock PS | vs single | σ mean | CPU cores "
-           "(chief / worker / ps = all) | CPU ms per push | memory MB "
-           "(chief / worker / ps) |", "|---" * 13 + "|"]
+           "examples/s | vs stock PS | vs single | updates/s vs stock PS / "
+           "single | σ mean | CPU cores (chief / worker / ps = all) | CPU ms "
+           "per push | memory MB (chief / worker / ps) |", "|---" * 14 + "|"]
   for row in rows:
     memory = row["memory_mb"]
     lines.append(
@@ -147,6 +156,8 @@ def markdown(rows):
         f"{row['pushes_per_s']:.1f} | {row['examples_per_s']:.0f} | "
         f"{results.format_figure(row['vs_parameter_server'], '.2f')} | "
         f"{results.format_figure(row['vs_single'], '.2f')} | "
+        f"{results.format_figure(row['updates_vs_parameter_server'], '.2f')}"
+        f" / {results.format_figure(row['updates_vs_single'], '.2f')} | "
         f"{results.format_figure(row['staleness_mean'], '.2f')} | "
         f"{_cpu_cores(row['cpu_cores'])} | "
         f"{results.format_figure(row['cpu_ms_per_push'], '.1f')} | "

@@ -164,7 +164,9 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   Placement: model variables are spread round-robin over the ps tasks (or
   sharded by `variable_partitioner`); optimizer slots, gradient accumulators
   and the protocol state live next to the variables they belong to. The chief
-  (coordinator) holds nothing a learner needs per step.
+  (coordinator) holds nothing a learner needs per step; it does hold
+  tf_keras's steps_per_execution counter, which only the chief reads (before
+  every scheduled closure: on a ps task that would be an RPC each time).
 
   Consistency: with `consistent_pulls=True` (the default) a pull reads a
   shard's weights and timestamp under the shard's lock, so they always belong

@@ -39,18 +39,23 @@ def test_contenders_that_apply_at_each_lambda():
 def test_ratios_against_stock_ps_and_single_process():
   rows = [
       {"contender": "single", "model": "m", "learners": 1, "straggler": "",
-       "examples_per_s": 1000.0},
+       "examples_per_s": 1000.0, "updates_per_s": 40.0},
       {"contender": "parameter_server", "model": "m", "learners": 2,
-       "straggler": "", "examples_per_s": 400.0},
+       "straggler": "", "examples_per_s": 400.0, "updates_per_s": 16.0},
+      {"contender": "rudra:hardsync", "model": "m", "learners": 2,
+       "straggler": "", "examples_per_s": 500.0, "updates_per_s": 10.0},
       {"contender": "rudra:async", "model": "m", "learners": 2,
-       "straggler": "", "examples_per_s": 500.0},
-      {"contender": "rudra:async", "model": "m", "learners": 2,
-       "straggler": "600,150", "examples_per_s": 300.0}]
+       "straggler": "600,150", "examples_per_s": 300.0, "updates_per_s": 12.0}]
   throughput.add_ratios(rows)
   assert rows[2]["vs_parameter_server"] == 1.25
   assert rows[2]["vs_single"] == 0.5
+  # hardsync: λ = 2 gradients per update.
+  assert rows[2]["updates_vs_parameter_server"] == 0.625
+  assert rows[2]["updates_vs_single"] == 0.25
   assert rows[3]["vs_parameter_server"] is None  # no stock run with it
+  assert rows[3]["updates_vs_parameter_server"] is None
   assert rows[3]["vs_single"] == 0.3
+  assert rows[3]["updates_vs_single"] == 0.3
 
 
 def test_capacity_pushes_shrink_for_big_models():
