@@ -42,13 +42,12 @@ def _cpu_at(samples, instant):
 
 
 class CpuMeter:
-  """Samples this process's CPU time in a daemon thread until `samples()`."""
+  """Samples this process's CPU time in a daemon thread, for its lifetime."""
 
   def __init__(self, interval_s=SAMPLE_INTERVAL_S):
     self._interval_s = interval_s
     self._samples = [self._now()]
     self._lock = threading.Lock()
-    self._stopped = threading.Event()
     threading.Thread(target=self._run, daemon=True, name="cpu-meter").start()
 
   @staticmethod
@@ -56,7 +55,8 @@ class CpuMeter:
     return (time.monotonic(), time.process_time())
 
   def _run(self):
-    while not self._stopped.wait(self._interval_s):
+    while True:  # a daemon thread: it ends with the task
+      time.sleep(self._interval_s)
       with self._lock:
         self._samples.append(self._now())
 

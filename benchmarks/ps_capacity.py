@@ -77,8 +77,9 @@ def markdown(rows):
                  f"{row['pushed_mb_per_s']:.0f} | "
                  + " / ".join(results.format_figure(cores.get(kind), ".2f")
                               for kind in ("ps", "worker", "total")) +
-                 f" | {results.format_figure(row['ps_cpu_ms_per_push'], '.1f')} | "
-                 f"{row['ps_peak_memory_mb']:.0f} |")
+                 " | " +
+                 results.format_figure(row["ps_cpu_ms_per_push"], ".1f") +
+                 f" | {row['ps_peak_memory_mb']:.0f} |")
   return "\n".join(lines) + "\n"
 
 

@@ -138,6 +138,7 @@ def test_cores_are_shared_among_the_tasks_that_compute():
     tf_environment.share_cores({}, 0)
 
   def threads_of(cluster):
+    os.remove(cluster.pids_path)  # never run: nothing else removes it
     return {f"{task}:0": cluster._environment_for(task, 0).get(threads)  # pylint: disable=protected-access
             for task in ("chief", "ps", "worker")}
   cores = tf_environment.available_cores()
