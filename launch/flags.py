@@ -45,6 +45,10 @@ def define_flags():
   if "log_dir" not in flags.FLAGS:
     flags.DEFINE_string("log_dir", None, "TensorBoard logs and the PNG plot.")
   flags.DEFINE_string("results", None, "Write the results JSON here.")
+  flags.DEFINE_string("save_model", None, "Write the trained model here, "
+                      "as a tf_keras .keras file that loads without rudra_tf "
+                      "or a cluster (default: <log_dir>/model.keras when "
+                      "--log_dir is set).")
   flags.DEFINE_integer("seed", 0, "Seed of the initial weights and shuffles.")
   flags.DEFINE_integer("gpus", 0, "GPUs on this machine: each learner gets "
                        "one, round-robin (0: leave devices as they are).")
@@ -90,6 +94,7 @@ class TrainConfig:
   emulated_step_ms: tuple = ()  # one value per learner, or ()
   learner_restarts: int = 3
   kill_tasks: tuple = ()  # (task type, index, step) entries
+  save_model: str = None  # a .keras path, or None
 
   def learner_step_time_s(self, learner):
     """The emulated compute time of `learner`'s steps, in seconds."""
@@ -204,7 +209,19 @@ def resolve_config(values, num_learners, num_ps):
       emulated_step_ms=resolve_step_times(
           values.emulated_step_ms, num_learners),
       learner_restarts=values.learner_restarts,
-      kill_tasks=resolve_kill_tasks(values.kill_task, num_learners, num_ps))
+      kill_tasks=resolve_kill_tasks(values.kill_task, num_learners, num_ps),
+      save_model=resolve_save_model(values.save_model, values.log_dir))
+
+
+def resolve_save_model(path, log_dir):
+  """The .keras path the chief writes the trained model to, or None."""
+  if path is None:
+    return os.path.join(log_dir, "model.keras") if log_dir else None
+  _require(path.endswith(".keras"), f"--save_model={path!r} must end in "
+           "'.keras' (tf_keras's own format; it loads without rudra_tf).")
+  _require(not os.path.isdir(path), f"--save_model={path!r} is a folder; "
+           "give a file path ending in '.keras'.")
+  return path
 
 
 @dataclasses.dataclass(frozen=True)

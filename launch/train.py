@@ -216,10 +216,18 @@ def run_chief(config, spec):
   local_model = models.build_model(config.model, data.input_shape,
                                    data.num_classes)
   local_model.set_weights(model.get_weights())
-  local_model.compile(loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"])
+  # Compiled with the run's inner optimizer, so that the saved model
+  # fine-tunes as it was trained.
+  local_model.compile(
+      optimizer=tf_keras.optimizers.SGD(config.lr, momentum=config.momentum),
+      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
   test_loss, test_accuracy = local_model.evaluate(data.test_dataset(1000),
                                                   verbose=0)
+  if config.save_model:
+    # The strategy-free copy: it loads anywhere, with no rudra_tf or cluster.
+    os.makedirs(os.path.dirname(os.path.abspath(config.save_model)),
+                exist_ok=True)
+    local_model.save(config.save_model)
   report = strategy.staleness_report()
   last = int(np.max(np.nonzero(report.histogram)[0], initial=0))
   results = {
@@ -233,6 +241,7 @@ def run_chief(config, spec):
       "gradients_per_update": report.gradients_per_update,
       "staleness_mean": report.mean, "staleness_max": report.max,
       "staleness_histogram": report.histogram[:last + 1].tolist(),
+      "model_path": config.save_model,
   }
   print(f"test accuracy {test_accuracy:.4f} (loss {test_loss:.4f}) | "
         f"wall time {wall_time_s:.1f} s", flush=True)
@@ -254,6 +263,8 @@ def run_chief(config, spec):
         f"{config.model} on {config.dataset}: {config.protocol}, "
         f"λ={config.num_learners}, μ={config.minibatch}, {config.lr_policy}")
     print(f"plot: {plot_path}", flush=True)
+  if config.save_model:
+    print(f"model: {config.save_model}", flush=True)
   return results
 
 

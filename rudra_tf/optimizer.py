@@ -7,6 +7,7 @@ import tf_keras
 from tf_keras.src.optimizers import utils as optimizer_utils
 
 from rudra_tf import protocol as protocol_lib
+from rudra_tf import shard_state
 from rudra_tf import variables as variables_lib
 
 _LearningRateSchedule = tf_keras.optimizers.schedules.LearningRateSchedule
@@ -25,6 +26,16 @@ def _swapped_attributes(obj, **values):
       object.__setattr__(obj, name, value)
 
 
+class _CallableList(list):
+  """A list that is also callable: tf_keras code calls `variables()`."""
+
+  def __call__(self):
+    return self
+
+
+# Registered, so that tf_keras.models.load_model finds the class of a saved
+# model's optimizer once rudra_tf is imported, with no custom_objects.
+@tf_keras.saving.register_keras_serializable(package="rudra_tf")
 class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   """Wraps a tf_keras optimizer (by composition) for a RudraStrategy.
 
@@ -54,6 +65,12 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   Must be created inside `RudraStrategy.scope()`, with the inner optimizer
   created there too (its learning rate then lives on a ps task).
 
+  Saving: `model.save` (.keras, .h5, SavedModel) stores the wrapper's config
+  and its state (the inner optimizer's slots, each shard's timestamp,
+  counters and histogram); `tf_keras.models.load_model` inside a new
+  RudraStrategy's scope resumes from it. To load such a model without a
+  cluster (inference, evaluation), pass `compile=False`.
+
   Limitations: legacy (`tf_keras.optimizers.legacy`) optimizers and
   `use_ema=True` are not supported.
   """
@@ -66,7 +83,9 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
       raise ValueError(
           "StalenessAwareOptimizer must be created inside "
           "`with rudra_tf.RudraStrategy(...).scope():`; the current strategy "
-          f"is {type(strategy).__name__}.")
+          f"is {type(strategy).__name__}. To load a model saved with it "
+          "for inference or evaluation without a cluster, pass "
+          "compile=False to tf_keras.models.load_model.")
     if isinstance(optimizer, StalenessAwareOptimizer):
       raise ValueError("StalenessAwareOptimizer cannot wrap another "
                        "StalenessAwareOptimizer.")
@@ -120,11 +139,68 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
 
   @property
   def variables(self):
+    """The inner optimizer's variables, then each shard's protocol state.
+
+    Callable too, as tf_keras's own (`optimizer.variables()`)."""
     shard_variables = []
     for shard in getattr(self, "_rudra_shards", None) or ():
       shard_variables += [shard.timestamp, shard.ledger]
       shard_variables += list(shard.accumulators)
-    return list(self._optimizer.variables) + shard_variables
+    return _CallableList(list(self._optimizer.variables) + shard_variables)
+
+  def set_weights(self, weights):
+    """Assigns `weights` (numpy arrays, in the order of `variables`).
+
+    tf_keras's own assigns to the wrapper's private variable list, which
+    holds none of this state; an .h5 model's optimizer state loads here.
+    Raises ValueError, assigning nothing, when the values do not fit this
+    strategy (another cluster size, ps count or protocol)."""
+    if not getattr(self, "_built", False):
+      raise ValueError(
+          "set_weights() needs a built optimizer: call "
+          "optimizer.build(model.trainable_variables) first.")
+    variables = self.variables
+    self._check_restorable(variables, weights)
+    for variable, weight in zip(variables, weights):
+      variable.assign(weight)
+    self._refill_tokens()
+
+  def load_own_variables(self, store):
+    """Loads a .keras file's optimizer state (the order of `variables`)."""
+    self.set_weights([store[str(i)] for i in range(len(store.keys()))])
+
+  def _check_restorable(self, variables, weights):
+    hint = ("load the model inside a RudraStrategy like the one that saved "
+            "it, or with compile=False and compile it again")
+    if len(weights) != len(variables):
+      raise ValueError(
+          f"The saved optimizer state has {len(weights)} arrays; this one has "
+          f"{len(variables)} (inner optimizer state, then each parameter-"
+          f"server shard's timestamp, ledger and accumulators): {hint}.")
+    for variable, weight in zip(variables, weights):
+      if tuple(variable.shape) != tuple(weight.shape):
+        raise ValueError(
+            f"Optimizer variable {variable.name} has shape {variable.shape}; "
+            f"the saved value has shape {weight.shape}: {hint}.")
+    ledgers = {id(shard.ledger): shard
+               for shard in getattr(self, "_rudra_shards", None) or ()}
+    protocol = self._strategy.protocol
+    for variable, weight in zip(variables, weights):
+      shard = ledgers.get(id(variable))
+      if shard is None:
+        continue
+      pending = int(weight[shard_state.LedgerLayout.PENDING])
+      if pending >= protocol.gradients_per_update:
+        raise ValueError(
+            f"The saved state of shard {shard.index} holds {pending} pending "
+            f"gradients; {protocol.name} here updates after "
+            f"c = {protocol.gradients_per_update}: {hint}.")
+
+  def _refill_tokens(self):
+    # A restored ledger holds the tokens of the run that saved it; no
+    # learner runs now, so each round restarts from its pending gradients.
+    for shard in getattr(self, "_rudra_shards", None) or ():
+      shard.refill_tokens()
 
   def _track_shards(self, shards):
     self._rudra_shards = shards
@@ -196,11 +272,15 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
         "name": self.name,
         "optimizer": tf_keras.optimizers.serialize(self._optimizer),
         "lr_policy": self._lr_policy,
+        # tf_keras's deserializer takes a config without it for a legacy
+        # optimizer (and then cannot find this class in an .h5 file).
+        "is_legacy_optimizer": False,
     }
 
   @classmethod
   def from_config(cls, config, custom_objects=None):
     config = dict(config)
+    config.pop("is_legacy_optimizer", None)
     inner = config.pop("optimizer")
     if not isinstance(inner, tf_keras.optimizers.Optimizer):
       inner = tf_keras.optimizers.deserialize(

@@ -15,6 +15,9 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
 
 from rudra_tf import coordinator as coordinator_lib
+# Imported for its registration with tf_keras: a model saved with the
+# wrapper then loads inside any RudraStrategy's scope.
+from rudra_tf import optimizer as _  # pylint: disable=unused-import
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import report as report_lib
 from rudra_tf import variables as variables_lib
@@ -197,7 +200,12 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       known (tf_keras fit, or one `strategy.run` per scheduled function),
       and a dead hardsync learner's barrier token is released. A dead ps
       task loses its shard: resume from a checkpoint.
-    * Trainable variables must exist before the first training step.
+    * Trainable variables must exist before the first training step; one
+      strategy trains one model.
+    * `model.save` (.keras, .h5) resumes inside a new RudraStrategy's scope
+      with the optimizer's and shards' state; with a `variable_partitioner`
+      tf_keras cannot write those formats (nor under stock PSS): export
+      with `tf.saved_model.save` and resume from `tf.train.Checkpoint`.
     * One RudraStrategy (and one cluster) per process: TensorFlow connects a
       process to one cluster, and a second strategy was seen to hang.
     * On CPUs, start every task with TF_CPU_ALLOCATOR_USE_BFC=true (as

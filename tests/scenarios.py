@@ -174,8 +174,9 @@ def linear_updates(num_learners, protocol, lr_policy, steps, learning_rate=0.1,
 
 
 # --------------------------------------------------------------- placement
-def two_ps_training(partitioned, steps=20):
-  """One learner, two ps tasks, with or without a variable partitioner."""
+def two_ps_training(partitioned, export_dir, steps=20):
+  """One learner, two ps tasks, with or without a variable partitioner;
+  exports the model with tf.saved_model.save and serves it back."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
   partitioner = (tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
@@ -204,7 +205,10 @@ def two_ps_training(partitioned, steps=20):
                        optimizer.inner_optimizer._learning_rate])  # pylint: disable=protected-access
   full_weights = [tf.convert_to_tensor(v).numpy() for layer in model.layers
                   for v in (layer.kernel, layer.bias)]
+  tf.saved_model.save(model, export_dir)
+  served = tf.saved_model.load(export_dir)(x[:16]).numpy()
   return {"weights": full_weights, "placement": placement,
+          "served": served, "predicted": model.predict(x[:16], verbose=0),
           "slot_devices": slot_devices, "report": _report(strategy),
           "all_devices": sorted({
               part.device for v in every_variable for part in (
@@ -244,6 +248,73 @@ def checkpoint_round(path, restore, steps=7):
     model.fit(_dataset(x, y, 4), epochs=1, steps_per_epoch=steps, verbose=0)
     state["after_more_training"] = _report(strategy)
   return state
+
+
+SAVE_FORMATS = {"keras": "model.keras", "h5": "model.h5",
+                "savedmodel": "savedmodel"}
+
+
+def _optimizer_state(model):
+  return {"weights": model.get_weights(),
+          # Called, as tf_keras code does: the property is callable too.
+          "optimizer": [v.numpy() for v in model.optimizer.variables()]}
+
+
+def saved_model_round(directory, load_format=None, protocol="hardsync",
+                      steps=7):
+  """Trains hardsync (λ=2, c=2) and saves in every format, or loads one
+  format inside a new cluster's strategy and trains on."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, 2, protocol)
+  x, y = _data()
+  if load_format is None:
+    model = _compiled_mlp(strategy, "sgd_momentum", "divide_by_n")
+    model.fit(_dataset(x, y, 4), epochs=1, steps_per_epoch=steps, verbose=0)
+    for save_format, name in SAVE_FORMATS.items():
+      model.save(os.path.join(directory, name),
+                 save_format="tf" if save_format == "savedmodel" else None)
+    return dict(_optimizer_state(model), report=_report(strategy),
+                predictions=model.predict(x[:16], verbose=0))
+  path = os.path.join(directory, SAVE_FORMATS[load_format])
+  try:
+    with strategy.scope():
+      model = tf_keras.models.load_model(path)  # no custom_objects
+      model.optimizer.build(model.trainable_variables)
+  except ValueError as error:
+    return {"error": str(error)}
+  state = dict(_optimizer_state(model), report=_report(strategy),
+               optimizer_class=type(model.optimizer).__name__,
+               predictions=model.predict(x[:16], verbose=0))
+  model.fit(_dataset(x, y, 4), epochs=1, steps_per_epoch=3, verbose=0)
+  state["after_more_training"] = _report(strategy)
+  return state
+
+
+def describe_saved_model(path, dataset):
+  """Loads a model launch/train.py saved, with plain tf_keras only, and
+  evaluates it on `dataset`'s test split."""
+  import sys  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  model = tf_keras.models.load_model(path)
+  without_rudra = "rudra_tf" not in sys.modules
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  data = datasets.load_dataset(dataset)
+  _, accuracy = model.evaluate(data.test_dataset(1000), verbose=0)
+  return {"optimizer": type(model.optimizer).__name__,
+          "loaded_without_rudra_tf": without_rudra,
+          "test_accuracy": accuracy}
+
+
+def load_without_cluster(path, compile_model):
+  """Loads a saved model in a process with no cluster and no strategy."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from rudra_tf import StalenessAwareOptimizer  # pylint: disable=g-import-not-at-top,unused-import
+  try:
+    model = tf_keras.models.load_model(path, compile=compile_model)
+  except ValueError as error:
+    return {"error": str(error)}
+  x, _ = _data()
+  return {"predictions": model.predict(x[:16], verbose=0)}
 
 
 # ------------------------------------------------------------------ inputs

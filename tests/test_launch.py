@@ -15,7 +15,9 @@ from absl import flags as absl_flags
 from launch import flags as launch_flags
 from launch import local_cluster
 from launch import tf_environment
+from tests import scenarios
 from tests.processes import REPO, assert_all_gone, descendants, launch
+from tests.support import run_in_fresh_process
 
 SMALL_JOB = ["--model=mlp", "--dataset=synthetic", "--learners=2",
              "--ps_tasks=1", "--protocol=async", "--epochs=1",
@@ -29,7 +31,7 @@ def flag_values(**overrides):
                 epochs=1, steps_per_epoch=None, max_staleness=None,
                 checkpoint_dir=None, log_dir=None, results=None, seed=0,
                 gpus=0, steps_per_execution=1, emulated_step_ms=[],
-                learner_restarts=3, kill_task=[])
+                learner_restarts=3, kill_task=[], save_model=None)
   values.update(overrides)
   return types.SimpleNamespace(**values)
 
@@ -56,6 +58,8 @@ def flag_values(**overrides):
      " learner (λ=4)"),
     (dict(emulated_step_ms=["-5"]), 4, 1, "values must be >= 0, got -5"),
     (dict(emulated_step_ms=["fast"]), 4, 1, "must be numbers"),
+    (dict(save_model="model.h5"), 4, 1,
+     "--save_model='model.h5' must end in '.keras'"),
 ])
 def test_bad_flags_are_refused(overrides, learners, ps, fragment):
   with pytest.raises(ValueError) as error:
@@ -183,6 +187,15 @@ def test_local_cluster_trains_and_leaves_no_process(tmp_path):
   assert (tmp_path / "logs" / "run.png").stat().st_size > 10000
   assert any(p.name.startswith("events.out.tfevents")
              for p in (tmp_path / "logs").iterdir())
+  # The trained model, saved where --log_dir puts it by default, loads
+  # with plain tf_keras: no rudra_tf, no cluster.
+  assert saved["model_path"] == str(tmp_path / "logs" / "model.keras")
+  model = run_in_fresh_process(scenarios.describe_saved_model,
+                               path=saved["model_path"], dataset="synthetic")
+  assert model["loaded_without_rudra_tf"] and model["optimizer"] == "SGD"
+  # The trained weights: the chief's own test accuracy, reproduced.
+  assert model["test_accuracy"] == pytest.approx(saved["test_accuracy"],
+                                                 abs=1e-6)
 
 
 def start_long_job(extra=()):

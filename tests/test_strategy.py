@@ -193,9 +193,11 @@ def test_a_step_crosses_between_learner_and_ps_in_packed_transfers(
   assert len(sent["to_ps"]) == 2 + metadata_to_pull, sent
 
 
-def test_two_ps_tasks_spread_and_partitioned_variables_match():
-  plain = run_in_fresh_process(scenarios.two_ps_training, partitioned=False)
-  sharded = run_in_fresh_process(scenarios.two_ps_training, partitioned=True)
+def test_two_ps_tasks_spread_and_partitioned_variables_match(tmp_path):
+  plain = run_in_fresh_process(scenarios.two_ps_training, partitioned=False,
+                               export_dir=str(tmp_path / "plain"))
+  sharded = run_in_fresh_process(scenarios.two_ps_training, partitioned=True,
+                                 export_dir=str(tmp_path / "sharded"))
   plain_tasks = {d.split("/task:")[1][0] for ds in plain["placement"]
                  for d in ds}
   assert plain_tasks == {"0", "1"}, plain["placement"]
@@ -215,6 +217,11 @@ def test_two_ps_tasks_spread_and_partitioned_variables_match():
   assert len(sharded["report"]["shards"]) == 2
   for shard in sharded["report"]["shards"]:
     assert shard["gradients"] == 20 and shard["timestamp"] == 20
+  # tf.saved_model.save exports either (tf_keras's .keras and .h5 writers
+  # cannot store a partitioned variable, under stock PSS too).
+  for result in (plain, sharded):
+    np.testing.assert_allclose(result["served"], result["predicted"],
+                               atol=1e-6)
 
 
 # ------------------------------------------------------------------ stress
@@ -358,3 +365,81 @@ def test_hardsync_on_two_shards_is_never_stale_and_exact():
     assert shard["timestamp"] == 10 and shard["pending"] == 1
   assert report["tokens"] == [(3, [0, 0, 0, 0])] * 2
   assert_invariants(report)
+
+
+# ------------------------------------------------------------- save, load
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp("saved_models"))
+  saved = run_in_fresh_process(scenarios.saved_model_round,
+                               directory=directory)
+  # 7 hardsync gradients at c = 2: 3 updates and one pending gradient,
+  # whose accumulator the saved state must carry.
+  assert saved["report"]["timestamp"] == 3
+  assert saved["report"]["pending"] == 1
+  return directory, saved
+
+
+@pytest.mark.parametrize("save_format", ["keras", "h5"])
+def test_a_saved_model_resumes_in_a_new_cluster(saved_models, save_format):
+  directory, saved = saved_models
+  loaded = run_in_fresh_process(scenarios.saved_model_round,
+                                directory=directory, load_format=save_format)
+  assert "error" not in loaded, loaded.get("error")
+  assert loaded["optimizer_class"] == "StalenessAwareOptimizer"
+  for key in ("weights", "optimizer"):
+    assert len(loaded[key]) == len(saved[key]) > 0
+    for a, b in zip(saved[key], loaded[key]):
+      np.testing.assert_array_equal(a, b)
+  np.testing.assert_allclose(loaded["predictions"], saved["predictions"],
+                             atol=1e-6)
+  for field in ("timestamp", "gradients", "pending", "mean", "max"):
+    assert loaded["report"][field] == saved["report"][field], field
+  # 3 more hardsync gradients: the pending one completes a round, and the
+  # barrier's tokens were refilled for the loaded state (no deadlock).
+  after = loaded["after_more_training"]
+  assert after["gradients"] == 10 and after["timestamp"] == 5
+  assert after["max"] == 0
+  assert_invariants(after)
+
+
+def test_a_savedmodel_keeps_the_weights_and_a_fresh_optimizer(saved_models):
+  # As in plain tf_keras, the SavedModel format restores no optimizer state.
+  directory, saved = saved_models
+  loaded = run_in_fresh_process(scenarios.saved_model_round,
+                                directory=directory, load_format="savedmodel")
+  assert "error" not in loaded, loaded.get("error")
+  assert loaded["optimizer_class"] == "StalenessAwareOptimizer"
+  for a, b in zip(saved["weights"], loaded["weights"]):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_allclose(loaded["predictions"], saved["predictions"],
+                             atol=1e-6)
+  assert loaded["report"]["gradients"] == loaded["report"]["timestamp"] == 0
+  after = loaded["after_more_training"]
+  assert after["gradients"] == 3 and after["timestamp"] == 1
+  assert_invariants(after)
+
+
+def test_a_saved_model_refuses_a_protocol_it_does_not_fit(saved_models):
+  directory, _ = saved_models
+  result = run_in_fresh_process(scenarios.saved_model_round,
+                                directory=directory, load_format="keras",
+                                protocol="async")
+  assert "holds 1 pending gradients; async here updates after c = 1" in \
+      result["error"]
+  assert "compile=False" in result["error"]
+
+
+def test_a_saved_model_loads_without_a_cluster_for_inference(saved_models):
+  directory, saved = saved_models
+  for name in scenarios.SAVE_FORMATS.values():
+    path = f"{directory}/{name}"
+    loaded = run_in_fresh_process(scenarios.load_without_cluster, path=path,
+                                  compile_model=False)
+    np.testing.assert_allclose(loaded["predictions"], saved["predictions"],
+                               atol=1e-6)
+  refused = run_in_fresh_process(scenarios.load_without_cluster,
+                                 path=f"{directory}/model.keras",
+                                 compile_model=True)
+  assert "pass compile=False to tf_keras.models.load_model" in \
+      refused["error"]
