@@ -24,6 +24,10 @@ class ProgressCallback(tf_keras.callbacks.Callback):
   loss, accuracy, updates/s, examples/s, mean and max staleness of the epoch;
   keeps the rows for the results and the plot, and writes TensorBoard
   scalars and the staleness histogram when `log_dir` is given.
+
+  An epoch whose loss is NaN or infinite stops training (`diverged_epoch`):
+  tf_keras's TerminateOnNaN reads per-batch logs, which a parameter-server
+  fit does not give callbacks as numbers.
   """
 
   def __init__(self, strategy, minibatch, epochs, log_dir=None, out=print):
@@ -33,6 +37,7 @@ class ProgressCallback(tf_keras.callbacks.Callback):
     self._epochs = epochs
     self._out = out
     self.rows = []
+    self.diverged_epoch = None
     self._last_report = None
     self._writer = None
     self._start = time.monotonic()
@@ -68,6 +73,13 @@ class ProgressCallback(tf_keras.callbacks.Callback):
               f"{mean:.2f} max {largest}")
     if self._writer is not None:
       self._write_summaries(epoch + 1, row, report.histogram)
+    if "loss" in logs and not np.isfinite(row["loss"]):
+      self.diverged_epoch = row["epoch"]
+      self.model.stop_training = True
+      self._out(f"training diverged: the loss of epoch {row['epoch']} is "
+                f"{row['loss']}; stopped. Try a lower --lr, "
+                "--lr_policy=divide_by_n or divide_by_staleness, or "
+                "--max_staleness.")
 
   def _write_summaries(self, step, row, histogram):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -82,10 +94,23 @@ class ProgressCallback(tf_keras.callbacks.Callback):
 
 
 def write_results(path, results):
+  """Writes strict JSON: a NaN or infinite number (a diverged run's loss)
+  is written as null, which every JSON reader accepts."""
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   with open(path, "w") as stream:
-    json.dump(results, stream, indent=2, default=_to_json)
+    json.dump(_finite_or_none(results), stream, indent=2, default=_to_json,
+              allow_nan=False)
+
+
+def _finite_or_none(value):
+  if isinstance(value, dict):
+    return {key: _finite_or_none(item) for key, item in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_finite_or_none(item) for item in value]
+  if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+    return None
+  return value
 
 
 def _to_json(value):

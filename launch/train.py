@@ -242,6 +242,7 @@ def run_chief(config, spec):
       "staleness_mean": report.mean, "staleness_max": report.max,
       "staleness_histogram": report.histogram[:last + 1].tolist(),
       "model_path": config.save_model,
+      "diverged_at_epoch": progress.diverged_epoch,
   }
   print(f"test accuracy {test_accuracy:.4f} (loss {test_loss:.4f}) | "
         f"wall time {wall_time_s:.1f} s", flush=True)

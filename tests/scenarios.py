@@ -138,11 +138,13 @@ def fit_and_report(num_learners, protocol, epochs=1, steps=40, num_ps=1,
 
 def linear_updates(num_learners, protocol, lr_policy, steps, learning_rate=0.1,
                    schedule=None, max_staleness=None, num_ps=1,
-                   consistent_pulls=True):
+                   consistent_pulls=True, epoch_learning_rates=None):
   """Loss = mean(w·x) with x = 1: every learner's gradient is exactly 1.
 
   The final w is then a hand-computable function of the protocol, the policy
-  and the recorded staleness histogram.
+  and the recorded staleness histogram. With `epoch_learning_rates`, fit runs
+  one epoch of `steps` per rate, and tf_keras's LearningRateScheduler
+  callback sets each epoch's rate (on the wrapper, from the chief).
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -165,10 +167,15 @@ def linear_updates(num_learners, protocol, lr_policy, steps, learning_rate=0.1,
             tf_keras.optimizers.SGD(learning_rate), lr_policy=lr_policy),
         loss=lambda y_true, y_pred: tf.reduce_mean(y_pred))
   x = np.ones((64, 1), np.float32)
-  model.fit(_dataset(x, np.zeros((64, 1), np.float32), 2), epochs=1,
-            steps_per_epoch=steps, verbose=0)
+  rates = epoch_learning_rates or []
+  history = model.fit(
+      _dataset(x, np.zeros((64, 1), np.float32), 2), epochs=len(rates) or 1,
+      steps_per_epoch=steps, verbose=0,
+      callbacks=[tf_keras.callbacks.LearningRateScheduler(
+          lambda epoch, _: rates[epoch])] if rates else [])
   kernel, bias = model.get_weights()
   return {"kernel": float(kernel[0, 0]), "bias": float(bias[0]),
+          "logged_rates": history.history.get("lr"),
           "devices": [v.device for v in model.trainable_variables],
           "report": _report(strategy)}
 
@@ -303,6 +310,34 @@ def describe_saved_model(path, dataset):
   return {"optimizer": type(model.optimizer).__name__,
           "loaded_without_rudra_tf": without_rudra,
           "test_accuracy": accuracy}
+
+
+def standard_callbacks(directory, epochs=3, steps=4):
+  """fit with validation data and tf_keras's usual epoch-level callbacks."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, 2, "2-softsync")
+  x, y = _data()
+  model = _compiled_mlp(strategy, "sgd_momentum", "divide_by_n",
+                        metrics=["accuracy"])
+  history = model.fit(
+      _dataset(x, y, 4), epochs=epochs, steps_per_epoch=steps, verbose=0,
+      validation_data=_dataset(x, y, 8), validation_steps=2,
+      callbacks=[
+          tf_keras.callbacks.ModelCheckpoint(
+              os.path.join(directory, "epoch_{epoch}.keras")),
+          tf_keras.callbacks.ModelCheckpoint(
+              os.path.join(directory, "best.weights.h5"),
+              save_weights_only=True, save_best_only=True),
+          tf_keras.callbacks.CSVLogger(os.path.join(directory, "log.csv")),
+          tf_keras.callbacks.TensorBoard(os.path.join(directory, "tb")),
+          # min_delta so large that no epoch improves on the first.
+          tf_keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5,
+                                               patience=0, min_delta=100),
+          tf_keras.callbacks.EarlyStopping(monitor="val_loss", patience=100),
+      ])
+  return {"history": history.history, "files": sorted(os.listdir(directory)),
+          "report": _report(strategy),
+          "learning_rate": float(model.optimizer.learning_rate.numpy())}
 
 
 def load_without_cluster(path, compile_model):

@@ -341,3 +341,20 @@ def test_flag_validation_does_not_import_tensorflow():
                        timeout=60)
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() == "False"
+
+
+def test_a_diverging_run_stops_after_the_epoch_and_says_so(tmp_path):
+  results = tmp_path / "results.json"
+  job = launch(SMALL_JOB[:-2] + ["--steps_per_epoch=6", "--epochs=3",
+                                 "--lr=1e30", f"--results={results}",
+                                 f"--log_dir={tmp_path / 'logs'}"])
+  output, _ = job.communicate(timeout=300)
+  assert job.returncode == 0, output
+  assert "training diverged: the loss of epoch 1 is nan; stopped." in output
+  def refuse(constant):
+    raise AssertionError(f"not strict JSON: {constant}")
+  saved = json.loads(results.read_text(), parse_constant=refuse)
+  assert saved["diverged_at_epoch"] == 1 and len(saved["epochs"]) == 1
+  assert saved["epochs"][0]["loss"] is None  # NaN, written as null
+  assert saved["gradients"] == 6  # epochs 2 and 3 never ran
+  assert (tmp_path / "logs" / "run.png").exists()

@@ -142,6 +142,18 @@ def test_schedule_is_multiplied_by_the_policy():
   assert result["kernel"] == pytest.approx(-0.42, rel=1e-6)
 
 
+def test_a_learning_rate_callback_reaches_the_ps_updates():
+  # tf_keras's LearningRateScheduler sets the wrapper's rate between epochs;
+  # async, λ = 2, divide_by_n: 6 updates at 0.1 / 2, then 6 at 0.04 / 2:
+  # w = -(6 * 0.05 + 6 * 0.02) = -0.42.
+  result = run_in_fresh_process(
+      scenarios.linear_updates, num_learners=2, protocol="async",
+      lr_policy="divide_by_n", steps=6, epoch_learning_rates=[0.1, 0.04])
+  assert result["report"]["timestamp"] == 12
+  assert result["logged_rates"] == pytest.approx([0.1, 0.04])
+  assert result["kernel"] == pytest.approx(-0.42, rel=1e-6)
+
+
 def test_max_staleness_drops_and_counts_stale_gradients():
   # async, λ = 4, max_staleness = 1: gradients with σ >= 2 are dropped and
   # counted; each accepted one moves w by -0.1.
@@ -243,6 +255,26 @@ def test_concurrent_pushes_keep_exact_invariants():
       -0.001 * kernel_shard["timestamp"], rel=1e-4)
   assert result["bias"] == pytest.approx(
       -0.001 * bias_shard["timestamp"], rel=1e-4)
+
+
+# --------------------------------------------------------------- callbacks
+def test_fit_with_validation_data_and_epoch_callbacks(tmp_path):
+  result = run_in_fresh_process(scenarios.standard_callbacks,
+                                directory=str(tmp_path))
+  history = result["history"]
+  assert sorted(history) == ["accuracy", "loss", "lr", "val_accuracy",
+                             "val_loss"]
+  assert all(len(values) == 3 for values in history.values())
+  assert all(np.isfinite(v) for v in history["val_loss"])
+  # ReduceLROnPlateau: the first epoch sets its best loss, every later one
+  # is a plateau and halves the rate (logged before the halving).
+  assert history["lr"] == pytest.approx([0.05, 0.05, 0.025])
+  assert result["learning_rate"] == pytest.approx(0.0125)
+  assert result["report"]["gradients"] == 3 * 4
+  assert {"epoch_1.keras", "epoch_2.keras", "epoch_3.keras",
+          "best.weights.h5", "log.csv", "tb"} <= set(result["files"])
+  with open(tmp_path / "log.csv") as log:
+    assert len(log.read().strip().splitlines()) == 1 + 3
 
 
 # -------------------------------------------------------------- checkpoint
