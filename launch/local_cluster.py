@@ -141,7 +141,9 @@ class LocalProcessCluster:
     num_learners, num_ps: cluster size.
     gpus: GPUs to hand out round-robin, one per learner, through
       CUDA_VISIBLE_DEVICES; 0 leaves the environment as it is. The chief and
-      ps tasks never see a GPU when gpus > 0.
+      ps tasks never see a GPU when gpus > 0. With more learners than GPUs,
+      learners share them and take GPU memory as they need it
+      (TF_FORCE_GPU_ALLOW_GROWTH, unless the environment sets it).
     learner_restarts: how many times each learner task that dies is started
       again before its death fails the job.
     chief_computes: the chief trains too (MultiWorkerMirroredStrategy), so
@@ -183,6 +185,9 @@ class LocalProcessCluster:
     if self._gpus > 0:
       environment["CUDA_VISIBLE_DEVICES"] = (
           str(index % self._gpus) if task_type == "worker" else "")
+      if task_type == "worker" and len(self.cluster["worker"]) > self._gpus:
+        environment.setdefault(tf_environment.GPU_ALLOW_GROWTH_VARIABLE,
+                               "true")
     return environment
 
   def _start(self, task_type, index):

@@ -24,6 +24,14 @@ DEFAULTS = {LOG_LEVEL_VARIABLE: "2", CPU_ALLOCATOR_VARIABLE: "true"}
 # of one thread each pushed 1-13% more gradients per second, at 4-13% less
 # CPU per gradient, than two of two threads (docs/performance.md).
 INTRA_OP_THREADS_VARIABLE = "TF_NUM_INTRAOP_THREADS"
+# Set (to anything) by launch/gpu_check: every task prints the GPUs it sees,
+# and the chief turns on TensorFlow's placement log, which the learners'
+# contexts take from it, so each learner logs where each op of its step runs.
+PRINT_DEVICES_VARIABLE = "RUDRA_PRINT_DEVICES"
+# TensorFlow takes nearly all of a GPU's free memory when a process starts;
+# learners that share a GPU (more learners than GPUs) then starve each other.
+# "true" makes each take only what it uses.
+GPU_ALLOW_GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"
 
 
 def apply_defaults(environment=None):

@@ -69,7 +69,7 @@ def serve(spec):
                        protocol="grpc", start=True)
   print(f"{spec.task_type}:{spec.task_index} serving on {spec.address}",
         flush=True)
-  if os.environ.get("RUDRA_PRINT_DEVICES"):
+  if os.environ.get(tf_environment.PRINT_DEVICES_VARIABLE):
     print(f"{spec.task_type}:{spec.task_index} CUDA_VISIBLE_DEVICES="
           f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r} GPUs="
           f"{[d.name for d in tf.config.list_logical_devices('GPU')]}",
@@ -142,10 +142,13 @@ def run_chief(config, spec):
         f"{config.minibatch}, {config.protocol}, lr_policy={config.lr_policy},"
         f" {steps_per_epoch} gradients per epoch", flush=True)
   _wait_for_cluster(spec.cluster)
+  if os.environ.get(tf_environment.PRINT_DEVICES_VARIABLE):
+    # Before the strategy connects: the learners' contexts take it from here.
+    tf.debugging.set_log_device_placement(True)
   strategy = rudra_tf.RudraStrategy(
       tf.distribute.cluster_resolver.TFConfigClusterResolver(),
       protocol=config.protocol, max_staleness=config.max_staleness)
-  if os.environ.get("RUDRA_PRINT_DEVICES"):
+  if os.environ.get(tf_environment.PRINT_DEVICES_VARIABLE):
     print(f"learner steps run on {strategy.extended.worker_devices} of each "
           "worker task", flush=True)
   with strategy.scope():

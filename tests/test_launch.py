@@ -163,6 +163,31 @@ def test_cores_are_shared_among_the_tasks_that_compute():
       environment=environment))["worker:0"] is None
 
 
+def test_learners_get_one_gpu_each_round_robin():
+  def gpu_environment(num_learners, gpus):
+    cluster = local_cluster.LocalProcessCluster(
+        ["true"], num_learners=num_learners, num_ps=1, gpus=gpus,
+        environment={})
+    os.remove(cluster.pids_path)  # never run: nothing else removes it
+    return {f"{task}:{index}": (
+        environment.get("CUDA_VISIBLE_DEVICES"),
+        environment.get(tf_environment.GPU_ALLOW_GROWTH_VARIABLE))
+            for task, count in (("chief", 1), ("ps", 1),
+                                ("worker", num_learners))
+            for index in range(count)
+            for environment in [cluster._environment_for(task, index)]}  # pylint: disable=protected-access
+  assert gpu_environment(2, 2) == {
+      "chief:0": ("", None), "ps:0": ("", None),
+      "worker:0": ("0", None), "worker:1": ("1", None)}
+  # Two learners on one GPU share it: each takes memory as it needs it.
+  assert gpu_environment(3, 2) == {
+      "chief:0": ("", None), "ps:0": ("", None), "worker:0": ("0", "true"),
+      "worker:1": ("1", "true"), "worker:2": ("0", "true")}
+  assert gpu_environment(2, 0) == {
+      "chief:0": (None, None), "ps:0": (None, None),
+      "worker:0": (None, None), "worker:1": (None, None)}
+
+
 def test_local_cluster_trains_and_leaves_no_process(tmp_path):
   results = tmp_path / "results.json"
   job = launch(SMALL_JOB + [f"--results={results}",
@@ -358,3 +383,46 @@ def test_a_diverging_run_stops_after_the_epoch_and_says_so(tmp_path):
   assert saved["epochs"][0]["loss"] is None  # NaN, written as null
   assert saved["gradients"] == 6  # epochs 2 and 3 never ran
   assert (tmp_path / "logs" / "run.png").exists()
+
+
+def test_gpu_check_reads_where_each_learners_compute_ops_ran():
+  from launch import gpu_check  # pylint: disable=g-import-not-at-top
+  gpu_line = ("[worker:{0}] small_cnn/conv1/Conv2D: (Conv2D): "
+              "/job:worker/replica:0/task:{0}/device:{1}:0\n")
+  log = gpu_check.PlacementLog()
+  assert log.read(gpu_line.format(0, "GPU"))
+  assert log.read(gpu_line.format(1, "CPU"))
+  assert log.read("[worker:1] I0000 ... placer.cc:162] x: (Conv2D): ...\n")
+  assert log.read("[ps:0] Const: (Const): /job:ps/replica:0/task:0/"
+                  "device:CPU:0\n")  # read, not counted
+  assert not log.read("[chief:0] epoch 1/2: loss 2.30 accuracy 0.10\n")
+  lines, ok = log.summary(gpus=1)
+  assert not ok and lines[-1].startswith("gpu_check: FAIL")
+  assert lines[0] == ("gpu_check: worker:0 compute ops: 1 on "
+                      "/job:worker/replica:0/task:0/device:GPU:0")
+  on_gpus = gpu_check.PlacementLog()
+  for task in (0, 1):
+    on_gpus.read(gpu_line.format(task, "GPU"))
+  lines, ok = on_gpus.summary(gpus=1)
+  assert ok and lines[-1] == ("gpu_check: PASS: every learner's compute ops "
+                              "ran on its GPU")
+  assert not gpu_check.PlacementLog().summary(gpus=0)[1]  # nothing logged
+
+
+def test_gpu_check_runs_on_a_machine_without_gpus():
+  environment = dict(os.environ, PYTHONPATH=REPO)
+  environment.pop("TF_CONFIG", None)
+  check = subprocess.run(
+      [sys.executable, "-m", "launch.gpu_check", "--epochs=1",
+       "--steps_per_epoch=6", "--minibatch=8"], cwd=REPO, env=environment,
+      capture_output=True, text=True, timeout=300)
+  out = check.stdout
+  assert check.returncode == 0, out + check.stderr
+  assert "gpu_check: 0 GPU(s) found by nvidia-smi" in out
+  for task in (0, 1):
+    assert (f"gpu_check: worker:{task} compute ops: " in out and
+            f"on /job:worker/replica:0/task:{task}/device:CPU:0" in out), out
+  assert ("gpu_check: PASS: every learner's compute ops ran on its CPU "
+          "(no GPU on this machine)") in out
+  assert "epoch 1/1: loss" in out and "updates/s" in out
+  assert ": (Conv2D): " not in out  # the placer's lines are summarized
