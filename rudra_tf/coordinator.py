@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import itertools
 import random
+import re
 import threading
 
 import tensorflow as tf
@@ -184,6 +185,7 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
       self._first_key = first_push_key()
       self._next_key = itertools.count(self._first_key)
       self._watch_learner_failures()
+      self._explain_exhausted_inputs()
     keyed = self._keyed_functions.get(fn)
     if keyed is None:
       keyed = self._keyed_functions[fn] = _KeyedFunction(fn)
@@ -214,6 +216,32 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
                          name="rudra-release-learner").start()
         put_back(closure, error)
       worker._on_closure_failure = on_closure_failure
+
+  def _explain_exhausted_inputs(self):
+    """Turns a learner's end of input into an error that says so.
+
+    A closure whose learner's dataset has ended fails with OutOfRangeError;
+    tf_keras takes that for the end of an epoch, while TF cancels every
+    other closure, so fit then fails with a bare CancelledError. The first
+    error of the closure queue is what the chief raises: it says what ran
+    out, and how to fix it.
+    """
+    queue = self._cluster.closure_queue
+    mark_failed = queue.mark_failed
+
+    def explained(error):
+      if isinstance(error, tf.errors.OutOfRangeError):
+        learner = re.search(r"/job:worker/replica:\d+/task:(\d+)", str(error))
+        which = f"learner {learner.group(1)}" if learner else "a learner"
+        explanation = ValueError(
+            f"The dataset of {which} ran out of data. Under RudraStrategy, "
+            "as under TensorFlow's ParameterServerStrategy, a learner's "
+            "dataset must not end: end the dataset (or dataset function) "
+            "with .repeat() and give fit steps_per_epoch.")
+        explanation.__cause__ = error
+        error = explanation
+      return mark_failed(error)
+    queue.mark_failed = explained
 
   def _schedule_keyed(self, keyed, key, args, kwargs):
     """Schedules a keyed function; the key of a re-run equals the first's."""

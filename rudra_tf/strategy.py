@@ -200,6 +200,8 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       known (tf_keras fit, or one `strategy.run` per scheduled function),
       and a dead hardsync learner's barrier token is released. A dead ps
       task loses its shard: resume from a checkpoint.
+    * Every learner's dataset must repeat (as under stock PSS); a learner
+      whose data runs out fails the fit with a ValueError naming it.
     * Trainable variables must exist before the first training step; one
       strategy trains one model.
     * `model.save` (.keras, .h5) resumes inside a new RudraStrategy's scope

@@ -450,6 +450,25 @@ def errors_with_cluster():
   return messages
 
 
+def exhausted_input(protocol, num_learners=3):
+  """Learner i's dataset holds 3 (i + 1) batches and does not repeat."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, num_learners, protocol)
+  x, y = _data()
+  model = _compiled_mlp(strategy, "sgd_momentum", "divide_by_n")
+
+  def dataset_fn(context):
+    size = 12 * (context.input_pipeline_id + 1)
+    return tf.data.Dataset.from_tensor_slices((x[:size], y[:size])).batch(4)
+  try:
+    model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
+              epochs=2, steps_per_epoch=30, verbose=0)
+  except ValueError as error:
+    return {"error": str(error), "report": _report(strategy)}
+  return {"error": None, "report": _report(strategy)}
+
+
 def learner_input_contexts(num_learners=3, steps=12):
   """Which InputContext each learner's dataset function was traced with."""
   import numpy as np  # pylint: disable=g-import-not-at-top

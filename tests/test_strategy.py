@@ -333,6 +333,18 @@ def test_misuse_inside_a_live_strategy_gets_clear_errors():
     assert fragment in messages[name], f"{name}: {messages[name]}"
 
 
+@pytest.mark.parametrize("protocol", ["async", "hardsync"])
+def test_a_learner_whose_data_runs_out_gets_a_clear_error(protocol):
+  # TF alone ends such a fit with a bare CancelledError (stock PSS too).
+  result = run_in_fresh_process(scenarios.exhausted_input, protocol=protocol)
+  assert result["error"] is not None, "fit did not fail"
+  assert result["error"].startswith(
+      "The dataset of learner 0 ran out of data.")
+  assert "with .repeat() and give fit steps_per_epoch" in result["error"]
+  # The counters stay exact through the failed fit.
+  assert_invariants(result["report"])
+
+
 def test_each_learner_gets_its_own_input_context():
   result = run_in_fresh_process(scenarios.learner_input_contexts,
                                 num_learners=3)

@@ -201,6 +201,21 @@ def test_worker_failure_hook_behind_hardsync_token_release():
   assert "self.workers" in inspect.getsource(cluster_coordinator.Cluster)
 
 
+def test_closure_queue_hook_behind_the_exhausted_input_error():
+  # RudraCoordinator wraps the closure queue's mark_failed(e): a failed
+  # closure's error reaches it from _process_closure, and the first one
+  # recorded is the error the chief raises.
+  from tensorflow.python.distribute.coordinator import cluster_coordinator
+  queue = cluster_coordinator._CoordinatedClosureQueue  # pylint: disable=protected-access
+  assert list(inspect.signature(queue.mark_failed).parameters) == ["self", "e"]
+  assert "if self._error is None:" in inspect.getsource(queue.mark_failed)
+  assert "raise self._error" in inspect.getsource(queue._raise_if_error)  # pylint: disable=protected-access
+  assert "self._cluster.closure_queue.mark_failed(e)" in inspect.getsource(
+      cluster_coordinator.Worker._process_closure)
+  assert "self.closure_queue = " in inspect.getsource(
+      cluster_coordinator.Cluster.__init__)
+
+
 def test_call_time_captures_behind_learner_identity():
   # A step knows its learner and (hardsync) that learner's incarnation
   # through call-time captures, evaluated by the coordinator at dispatch.
