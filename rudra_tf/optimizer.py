@@ -65,11 +65,12 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   Must be created inside `RudraStrategy.scope()`, with the inner optimizer
   created there too (its learning rate then lives on a ps task).
 
-  Saving: `model.save` (.keras, .h5, SavedModel) stores the wrapper's config
-  and its state (the inner optimizer's slots, each shard's timestamp,
-  counters and histogram); `tf_keras.models.load_model` inside a new
-  RudraStrategy's scope resumes from it. To load such a model without a
-  cluster (inference, evaluation), pass `compile=False`.
+  Saving: `model.save` to .keras or .h5 stores the wrapper's config and its
+  state (the inner optimizer's slots, each shard's timestamp, counters,
+  histogram and pending gradients); `tf_keras.models.load_model` inside a
+  new RudraStrategy's scope resumes from it. The SavedModel format, as in
+  plain tf_keras, restores no optimizer state. To load such a model without
+  a cluster (inference, evaluation), pass `compile=False`.
 
   Limitations: legacy (`tf_keras.optimizers.legacy`) optimizers and
   `use_ema=True` are not supported.
