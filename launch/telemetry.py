@@ -8,16 +8,6 @@ import numpy as np
 import tf_keras
 
 
-def histogram_delta_stats(before, after):
-  """Mean and max staleness of the gradients between two histograms."""
-  delta = np.asarray(after) - np.asarray(before)
-  count = int(delta.sum())
-  if count == 0:
-    return 0.0, 0
-  mean = float(np.arange(len(delta)) @ delta) / count
-  return mean, int(np.max(np.nonzero(delta)[0]))
-
-
 class ProgressCallback(tf_keras.callbacks.Callback):
   """Prints one line an epoch (tf_keras refuses verbose=1 under a ps strategy).
 
@@ -56,9 +46,9 @@ class ProgressCallback(tf_keras.callbacks.Callback):
     seconds = time.monotonic() - self._epoch_start
     report = self._strategy.staleness_report()
     before, self._last_report = self._last_report, report
-    updates = report.timestamp - before.timestamp
-    gradients = report.gradients - before.gradients
-    mean, largest = histogram_delta_stats(before.histogram, report.histogram)
+    counted = report.since(before)
+    updates, gradients = counted["updates"], counted["gradients"]
+    mean, largest = counted["staleness_mean"], counted["staleness_max"]
     row = {"epoch": epoch + 1, "wall_time_s": time.monotonic() - self._start,
            "loss": float(logs.get("loss", float("nan"))),
            "accuracy": float(logs.get("accuracy", float("nan"))),

@@ -13,6 +13,7 @@ _LAZY = {
     "StalenessAwareOptimizer": "rudra_tf.optimizer",
     "LocalCluster": "rudra_tf.cluster",
     "StalenessReport": "rudra_tf.report",
+    "StalenessLogger": "rudra_tf.callbacks",
 }
 
 __all__ = sorted(_LAZY) + ["protocol"]

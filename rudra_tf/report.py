@@ -5,6 +5,17 @@ import dataclasses
 import numpy as np
 
 
+def histogram_delta_stats(before, after):
+  """Mean and max staleness of the gradients counted between two histograms
+  (exact unless some fell in the last bin, which counts σ >= its index)."""
+  delta = np.asarray(after) - np.asarray(before)
+  count = int(delta.sum())
+  if count == 0:
+    return 0.0, 0
+  mean = float(np.arange(len(delta)) @ delta) / count
+  return mean, int(np.max(np.nonzero(delta)[0]))
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardReport:
   """One shard's counters.
@@ -80,6 +91,18 @@ class StalenessReport(ShardReport):
     return cls(**dataclasses.asdict(zeros), protocol=protocol.name,
         num_learners=protocol.num_learners,
         gradients_per_update=protocol.gradients_per_update, shards=())
+
+  def since(self, earlier):
+    """What the shards counted after `earlier` (a report of this strategy
+    taken before this one), as plain numbers: updates, gradients, dropped
+    and duplicates of the first shard, and the mean and max staleness of
+    the gradients received in between."""
+    mean, largest = histogram_delta_stats(earlier.histogram, self.histogram)
+    return {"updates": self.timestamp - earlier.timestamp,
+            "gradients": self.gradients - earlier.gradients,
+            "dropped": self.dropped - earlier.dropped,
+            "duplicates": self.duplicates - earlier.duplicates,
+            "staleness_mean": mean, "staleness_max": largest}
 
   def summary(self):
     """A one-line human summary."""

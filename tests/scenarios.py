@@ -340,6 +340,20 @@ def standard_callbacks(directory, epochs=3, steps=4):
           "learning_rate": float(model.optimizer.learning_rate.numpy())}
 
 
+def staleness_logged(directory, protocol, epochs=3, steps=10):
+  """fit with StalenessLogger before a CSVLogger."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = _connect(1, 3, protocol)
+  x, y = _data()
+  model = _compiled_mlp(strategy, "sgd_momentum", "divide_by_n")
+  history = model.fit(
+      _dataset(x, y, 4), epochs=epochs, steps_per_epoch=steps, verbose=0,
+      callbacks=[rudra_tf.StalenessLogger(), tf_keras.callbacks.CSVLogger(
+          os.path.join(directory, "log.csv"))])
+  return {"history": history.history, "report": _report(strategy)}
+
+
 def load_without_cluster(path, compile_model):
   """Loads a saved model in a process with no cluster and no strategy."""
   import tf_keras  # pylint: disable=g-import-not-at-top

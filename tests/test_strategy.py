@@ -277,6 +277,29 @@ def test_fit_with_validation_data_and_epoch_callbacks(tmp_path):
     assert len(log.read().strip().splitlines()) == 1 + 3
 
 
+@pytest.mark.parametrize("protocol", ["hardsync", "async"])
+def test_staleness_logger_adds_each_epochs_counters(tmp_path, protocol):
+  result = run_in_fresh_process(scenarios.staleness_logged,
+                                directory=str(tmp_path), protocol=protocol)
+  history, report = result["history"], result["report"]
+  assert history["gradients"] == [10, 10, 10]
+  assert sum(history["updates"]) == report["timestamp"]
+  assert history["dropped"] == [0, 0, 0]
+  # The epochs' staleness adds up to the whole run's (histogram below its
+  # overflow bin: every mean is exact).
+  total = sum(m * g for m, g in zip(history["staleness_mean"],
+                                    history["gradients"]))
+  assert total == pytest.approx(report["mean"] * report["gradients"])
+  assert max(history["staleness_max"]) == report["max"]
+  if protocol == "hardsync":
+    assert report["max"] == 0 and history["updates"] == [3, 3, 4]
+  else:  # c = 1 with 3 learners: some gradients are stale
+    assert history["updates"] == [10, 10, 10] and report["max"] > 0
+  with open(tmp_path / "log.csv") as log:
+    header = log.readline().strip().split(",")
+  assert {"staleness_mean", "staleness_max", "updates"} <= set(header)
+
+
 # -------------------------------------------------------------- checkpoint
 def test_checkpoint_restores_weights_slots_timestamp_and_histogram(tmp_path):
   path = str(tmp_path / "ckpt")
