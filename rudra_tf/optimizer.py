@@ -161,6 +161,10 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
           "set_weights() needs a built optimizer: call "
           "optimizer.build(model.trainable_variables) first.")
     variables = self.variables
+    if len(weights) == 1 and len(variables) > 1 and not weights[0].shape:
+      # Saved before its first step: the inner optimizer's step counter (0)
+      # is all there is, and this fresh state is what it saved.
+      return
     self._check_restorable(variables, weights)
     for variable, weight in zip(variables, weights):
       variable.assign(weight)

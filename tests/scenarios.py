@@ -259,6 +259,7 @@ def checkpoint_round(path, restore, steps=7):
 
 SAVE_FORMATS = {"keras": "model.keras", "h5": "model.h5",
                 "savedmodel": "savedmodel"}
+UNTRAINED = "untrained.keras"  # saved after compile, before any step
 
 
 def _optimizer_state(model):
@@ -276,13 +277,14 @@ def saved_model_round(directory, load_format=None, protocol="hardsync",
   x, y = _data()
   if load_format is None:
     model = _compiled_mlp(strategy, "sgd_momentum", "divide_by_n")
+    model.save(os.path.join(directory, UNTRAINED))
     model.fit(_dataset(x, y, 4), epochs=1, steps_per_epoch=steps, verbose=0)
     for save_format, name in SAVE_FORMATS.items():
       model.save(os.path.join(directory, name),
                  save_format="tf" if save_format == "savedmodel" else None)
     return dict(_optimizer_state(model), report=_report(strategy),
                 predictions=model.predict(x[:16], verbose=0))
-  path = os.path.join(directory, SAVE_FORMATS[load_format])
+  path = os.path.join(directory, SAVE_FORMATS.get(load_format, UNTRAINED))
   try:
     with strategy.scope():
       model = tf_keras.models.load_model(path)  # no custom_objects

@@ -487,6 +487,20 @@ def test_a_savedmodel_keeps_the_weights_and_a_fresh_optimizer(saved_models):
   assert_invariants(after)
 
 
+def test_a_model_saved_before_training_loads_and_trains(saved_models):
+  # Its optimizer was never built: nothing to restore, nothing refused.
+  directory, _ = saved_models
+  loaded = run_in_fresh_process(scenarios.saved_model_round,
+                                directory=directory, load_format="untrained")
+  assert "error" not in loaded, loaded.get("error")
+  for a, b in zip(loaded["weights"], scenarios._mlp().get_weights()):  # pylint: disable=protected-access
+    np.testing.assert_array_equal(a, b)
+  assert loaded["report"]["gradients"] == 0
+  after = loaded["after_more_training"]
+  assert after["gradients"] == 3 and after["timestamp"] == 1
+  assert_invariants(after)
+
+
 def test_a_saved_model_refuses_a_protocol_it_does_not_fit(saved_models):
   directory, _ = saved_models
   result = run_in_fresh_process(scenarios.saved_model_round,
