@@ -200,6 +200,8 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       known (tf_keras fit, or one `strategy.run` per scheduled function),
       and a dead hardsync learner's barrier token is released. A dead ps
       task loses its shard: resume from a checkpoint.
+    * Mixed precision: `mixed_bfloat16` only; tf_keras refuses
+      `mixed_float16` (loss scaling) under any parameter-server strategy.
     * Every learner's dataset must repeat (as under stock PSS); a learner
       whose data runs out fails the fit with a ValueError naming it.
     * Trainable variables must exist before the first training step; one
@@ -420,8 +422,14 @@ def _inside_while_loop():
 
 
 def _split_sharded(grads_and_vars):
-  """Expands (gradient, ShardedVariable) pairs into per-part pairs."""
+  """Expands (gradient, ShardedVariable) pairs into per-part pairs, each
+  with the strategy's own variable (no mixed-precision wrapper)."""
+  from tf_keras.src.mixed_precision import autocast_variable  # pylint: disable=g-import-not-at-top
   for gradient, variable in grads_and_vars:
+    # mixed_bfloat16 layers hand out an AutoCastVariable around the
+    # strategy's variable; the gradient is that (float32) variable's.
+    if isinstance(variable, autocast_variable.AutoCastVariable):
+      variable = variable._variable  # pylint: disable=protected-access
     if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
       parts = variable.variables
       dense = tf.convert_to_tensor(gradient)

@@ -85,8 +85,12 @@ def _make_optimizer(name):
 
 
 # ----------------------------------------------------------------- oracle
-def one_learner_matches_plain(optimizer, steps=30):
-  """One learner, async, lr_policy "none", against plain tf_keras."""
+def one_learner_matches_plain(optimizer, steps=30, dtype_policy=None):
+  """One learner, async, lr_policy "none", against plain tf_keras (both
+  under `dtype_policy`, e.g. "mixed_bfloat16", when given)."""
+  if dtype_policy is not None:
+    import tf_keras  # pylint: disable=g-import-not-at-top
+    tf_keras.mixed_precision.set_global_policy(dtype_policy)
   _, strategy = _connect(1, 1, "async")
   x, y = _data()
   model = _compiled_mlp(strategy, optimizer, "none")
@@ -97,6 +101,7 @@ def one_learner_matches_plain(optimizer, steps=30):
   reference.fit(_dataset(x, y, 8), epochs=1, steps_per_epoch=steps,
                 verbose=0)
   return {"rudra": model.get_weights(), "plain": reference.get_weights(),
+          "compute_dtype": model.layers[0].compute_dtype,
           "report": _report(strategy)}
 
 

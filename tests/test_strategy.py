@@ -42,6 +42,20 @@ def test_one_learner_async_equals_plain_keras(optimizer):
   assert not np.allclose(result["plain"][0], initial[0], atol=1e-3)
 
 
+def test_mixed_bfloat16_one_learner_equals_plain_keras():
+  # bfloat16 compute on the learner, float32 weights and updates on the ps
+  # (mixed_float16 needs loss scaling, which tf_keras refuses under any
+  # parameter-server strategy).
+  result = run_in_fresh_process(scenarios.one_learner_matches_plain,
+                                optimizer="sgd_momentum",
+                                dtype_policy="mixed_bfloat16")
+  assert result["compute_dtype"] == "bfloat16"
+  assert result["report"]["timestamp"] == 30
+  for rudra, plain in zip(result["rudra"], result["plain"]):
+    assert rudra.dtype == np.float32
+    np.testing.assert_allclose(rudra, plain, rtol=1e-5, atol=1e-7)
+
+
 def test_steps_per_execution_counter_lives_on_the_chief():
   # tf_keras reads it on the chief before every closure; the weights and
   # the counter the steps increment stay on the ps tasks.

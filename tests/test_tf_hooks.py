@@ -201,6 +201,17 @@ def test_worker_failure_hook_behind_hardsync_token_release():
   assert "self.workers" in inspect.getsource(cluster_coordinator.Cluster)
 
 
+def test_autocast_variable_hook_behind_mixed_bfloat16():
+  # A mixed-precision layer's weights are AutoCastVariables around the
+  # strategy's variables; a push unwraps them through `_variable`.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.mixed_precision import autocast_variable  # pylint: disable=g-import-not-at-top
+  inner = tf.Variable([1.0, 2.0])
+  wrapped = autocast_variable.create_autocast_variable(inner)
+  assert isinstance(wrapped, autocast_variable.AutoCastVariable)
+  assert wrapped._variable is inner  # pylint: disable=protected-access
+
+
 def test_closure_queue_hook_behind_the_exhausted_input_error():
   # RudraCoordinator wraps the closure queue's mark_failed(e): a failed
   # closure's error reaches it from _process_closure, and the first one
