@@ -16,6 +16,7 @@ import csv
 import functools
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -63,7 +64,7 @@ FLAGS = flags.FLAGS
 COLUMNS = ("protocol", "lr_policy", "minibatch", "learners", "n", "seed",
            "test_error", "test_accuracy", "wall_time_s", "updates",
            "gradients", "staleness_mean", "staleness_max", "simulated_time",
-           "backend")
+           "backend", "test_loss", "diverged")
 
 
 def point_key(point):
@@ -119,6 +120,7 @@ def run_simulated(point, config):
   report = result["report"]
   last = int(max([i for i, v in enumerate(report.histogram) if v] or [0]))
   return {"test_accuracy": result["test_accuracy"],
+          "test_loss": result["test_loss"],
           "wall_time_s": time.monotonic() - start,
           "simulated_time": result["simulated_time"],
           "updates": report.timestamp, "gradients": report.gradients,
@@ -160,7 +162,7 @@ def run_on_cluster(point, config, results_path):
   with open(results_path) as stream:
     result = json.load(stream)
   return {key: result[key] for key in (
-      "test_accuracy", "wall_time_s", "updates", "gradients",
+      "test_accuracy", "test_loss", "wall_time_s", "updates", "gradients",
       "staleness_mean", "staleness_max", "staleness_histogram", "epochs")}
 
 
@@ -181,7 +183,8 @@ def run_points(points, config, out_dir, out=print):
     else:
       result = run_on_cluster(point, config, path + ".train.json")
     row = {**point, **result, "backend": config["backend"],
-           "test_error": 1.0 - result["test_accuracy"]}
+           "test_error": 1.0 - result["test_accuracy"],
+           "diverged": diverged(result["test_loss"])}
     with open(path + ".tmp", "w") as stream:
       json.dump(row, stream, indent=2)
     os.replace(path + ".tmp", path)  # a point is finished or absent
@@ -206,6 +209,12 @@ def write_reports(rows, out_dir):
   return table
 
 
+def diverged(test_loss):
+  """A run diverged when its test loss is NaN or infinite (the results
+  JSON of launch.train writes such a number as null)."""
+  return test_loss is None or not math.isfinite(test_loss)
+
+
 def average_over_seeds(rows):
   """One row per point: the mean over its seeds, with the error range."""
   groups = {}
@@ -220,6 +229,7 @@ def average_over_seeds(rows):
     averaged.append({
         **runs[0], "seeds": len(runs), "test_error": mean("test_error"),
         "test_error_min": min(errors), "test_error_max": max(errors),
+        "diverged": sum(bool(r.get("diverged")) for r in runs),
         "staleness_mean": mean("staleness_mean"),
         "staleness_max": max(r["staleness_max"] for r in runs),
         "updates": mean("updates"), "wall_time_s": mean("wall_time_s")})
@@ -235,6 +245,8 @@ def markdown_table(rows):
     error = f"{row['test_error']:.4f}"
     if row["seeds"] > 1:
       error += f" ({row['test_error_min']:.4f}–{row['test_error_max']:.4f})"
+    if row["diverged"]:
+      error += f", {row['diverged']} diverged"
     lines.append(
         f"| {row['protocol']} | {row['n']} | {row['lr_policy']} | "
         f"{row['minibatch']} | {row['learners']} | "

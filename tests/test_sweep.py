@@ -47,6 +47,11 @@ def test_table_averages_over_seeds():
   line = sweep.markdown_table(rows).splitlines()[2]
   assert line == ("| async | 2 | none | 4 | 2 | 8 | 2 | 0.2500 "
                   "(0.2000–0.3000) | 0.75 | 3 | 10 | 1.5 |")
+  # A seed whose test loss was NaN (null in launch.train's JSON) is counted.
+  rows[1].update(test_error=0.9, diverged=sweep.diverged(None))
+  assert sweep.diverged(float("nan")) and not sweep.diverged(0.4)
+  line = sweep.markdown_table(rows).splitlines()[2]
+  assert "| 0.5500 (0.2000–0.9000), 1 diverged |" in line
 
 
 def run_sweep(out_dir):
