@@ -154,6 +154,12 @@ class _KeyedFunction:
     return NO_DEDUPLICATION
 
 
+# How often a failed hardsync fit's barriers are opened until no closure
+# runs: each opening costs an RPC per shard, and a cancelled closure's
+# waiting pull is let through within this time.
+BARRIER_OPEN_INTERVAL_S = 0.5
+
+
 def nest_specs(structure):
   """Type specs of scheduled arguments, as the coordinator traces them."""
   # pylint: disable=protected-access
@@ -186,6 +192,8 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
       self._next_key = itertools.count(self._first_key)
       self._watch_learner_failures()
       self._explain_exhausted_inputs()
+    if getattr(self, "_barrier_opener", None) is not None:
+      self._restore_barriers()
     keyed = self._keyed_functions.get(fn)
     if keyed is None:
       keyed = self._keyed_functions[fn] = _KeyedFunction(fn)
@@ -217,6 +225,38 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
         put_back(closure, error)
       worker._on_closure_failure = on_closure_failure
 
+  def _open_barriers_while_cancelling(self):
+    """Keeps a failed hardsync fit's cancellation from waiting forever.
+
+    After a closure fails for good, TF cancels the others and waits until no
+    closure runs. One cancelled after its pull and before its push leaves
+    its round short, so a learner waiting at the barrier would never wake,
+    and neither would the chief. Until no closure runs, every shard's
+    barrier is opened every BARRIER_OPEN_INTERVAL_S; the next schedule call
+    restores exact rounds (`refill_tokens`). Gradients pushed meanwhile may
+    be stale.
+    """
+    if not self.strategy.protocol.barrier or getattr(
+        self, "_barrier_opener", None) is not None:
+      return
+    queue = self._cluster.closure_queue
+    stop = self._barrier_opener = threading.Event()
+
+    def open_until_nothing_runs():
+      # pylint: disable=protected-access
+      while not stop.is_set() and queue._inflight_closure_count > 0:
+        if not self.strategy._open_barriers():
+          return
+        stop.wait(BARRIER_OPEN_INTERVAL_S)
+    threading.Thread(target=open_until_nothing_runs, daemon=True,
+                     name="rudra-open-barriers").start()
+
+  def _restore_barriers(self):
+    """After a failed fit: exact hardsync rounds before the next closure."""
+    opener, self._barrier_opener = self._barrier_opener, None
+    opener.set()
+    self.strategy._refill_tokens()  # pylint: disable=protected-access
+
   def _explain_exhausted_inputs(self):
     """Turns a learner's end of input into an error that says so.
 
@@ -230,6 +270,7 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     mark_failed = queue.mark_failed
 
     def explained(error):
+      self._open_barriers_while_cancelling()
       if isinstance(error, tf.errors.OutOfRangeError):
         learner = re.search(r"/job:worker/replica:\d+/task:(\d+)", str(error))
         which = f"learner {learner.group(1)}" if learner else "a learner"

@@ -242,6 +242,28 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
                  self._protocol.num_learners)
     return int(held.numpy())
 
+  def open_barrier(self):
+    """Lets λ more hardsync pulls through (eager, on the chief).
+
+    After a fit fails, TensorFlow cancels its closures and waits until every
+    running one has ended. A closure cancelled between its pull and its push
+    leaves its round short, and a pull waiting for that round would wait
+    forever: each call makes λ more tokens available and rings λ wake-ups.
+    `refill_tokens` restores exact rounds once no closure runs.
+    """
+    if self._wakeups is None:
+      return
+    count = self._protocol.num_learners
+
+    def add_tokens():
+      changes = _Changes(self.ledger.read_value())
+      changes.add(LedgerLayout.AVAILABLE, count)
+      self._commit(changes)
+      return tf.constant(True)
+    with tf.device(self.device):
+      self._lock.execute(add_tokens, exclusive_resource_access=False)
+      self._ring(tf.constant(count, _INT))
+
   def _read_ledger(self):
     """The ledger as numpy, read eagerly under the lock."""
     with tf.device(self.device):

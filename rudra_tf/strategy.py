@@ -396,6 +396,23 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
                         "shard %d; released them for the re-run", learner,
                         released, shard.index)
 
+  def _open_barriers(self):
+    """Lets waiting hardsync pulls through while a failed fit's closures
+    are cancelled (chief side); False once a ps cannot be reached."""
+    for shard in self._shards or ():
+      try:
+        shard.open_barrier()
+      except tf.errors.OpError as error:  # the ps is gone: TF reports it
+        logging.warning("could not open shard %d's barrier: %s",
+                        shard.index, error)
+        return False
+    return True
+
+  def _refill_tokens(self):
+    """Exact hardsync rounds again, once no closure runs (chief side)."""
+    for shard in self._shards or ():
+      shard.refill_tokens()
+
   # ----------------------------------------------------------------- report
   def staleness_report(self):
     """Reads every shard's counters (eagerly, under each shard's lock)."""

@@ -472,7 +472,7 @@ def errors_with_cluster():
 
 
 def exhausted_input(protocol, num_learners=3):
-  """Learner i's dataset holds 3 (i + 1) batches and does not repeat."""
+  """Learner 0's dataset holds 3 batches and ends; the others repeat."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
   _, strategy = _connect(1, num_learners, protocol)
@@ -480,8 +480,8 @@ def exhausted_input(protocol, num_learners=3):
   model = _compiled_mlp(strategy, "sgd_momentum", "divide_by_n")
 
   def dataset_fn(context):
-    size = 12 * (context.input_pipeline_id + 1)
-    return tf.data.Dataset.from_tensor_slices((x[:size], y[:size])).batch(4)
+    dataset = tf.data.Dataset.from_tensor_slices((x[:12], y[:12])).batch(4)
+    return dataset if context.input_pipeline_id == 0 else dataset.repeat()
   try:
     model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
               epochs=2, steps_per_epoch=30, verbose=0)

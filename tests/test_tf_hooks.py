@@ -225,6 +225,10 @@ def test_closure_queue_hook_behind_the_exhausted_input_error():
       cluster_coordinator.Worker._process_closure)
   assert "self.closure_queue = " in inspect.getsource(
       cluster_coordinator.Cluster.__init__)
+  # A failed fit's cancellation waits for the inflight closures, counted in
+  # _inflight_closure_count (read by the hardsync barrier opener).
+  cancel = inspect.getsource(queue._cancel_all_closures)  # pylint: disable=protected-access
+  assert "while self._inflight_closure_count > 0:" in cancel
 
 
 def test_call_time_captures_behind_learner_identity():
