@@ -192,7 +192,8 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
       self._next_key = itertools.count(self._first_key)
       self._watch_learner_failures()
       self._explain_exhausted_inputs()
-    if getattr(self, "_barrier_opener", None) is not None:
+    if getattr(self, "_barrier_opener", None) is not None and \
+        self._nothing_runs():
       self._restore_barriers()
     keyed = self._keyed_functions.get(fn)
     if keyed is None:
@@ -232,9 +233,9 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     closure runs. One cancelled after its pull and before its push leaves
     its round short, so a learner waiting at the barrier would never wake,
     and neither would the chief. Until no closure runs, every shard's
-    barrier is opened every BARRIER_OPEN_INTERVAL_S; the next schedule call
-    restores exact rounds (`refill_tokens`). Gradients pushed meanwhile may
-    be stale.
+    barrier is opened every BARRIER_OPEN_INTERVAL_S; the first schedule call
+    after the failure has been raised restores exact rounds
+    (`refill_tokens`). Gradients pushed meanwhile may be stale.
     """
     if not self.strategy.protocol.barrier or getattr(
         self, "_barrier_opener", None) is not None:
@@ -250,6 +251,13 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
         stop.wait(BARRIER_OPEN_INTERVAL_S)
     threading.Thread(target=open_until_nothing_runs, daemon=True,
                      name="rudra-open-barriers").start()
+
+  def _nothing_runs(self):
+    """No closure runs and no failure waits to be raised: a failed fit is
+    over (schedule calls of the failing fit itself come before that)."""
+    queue = self._cluster.closure_queue
+    # pylint: disable=protected-access
+    return queue._inflight_closure_count == 0 and queue._error is None
 
   def _restore_barriers(self):
     """After a failed fit: exact hardsync rounds before the next closure."""

@@ -389,8 +389,15 @@ def test_a_learner_whose_data_runs_out_gets_a_clear_error(protocol, runs):
     assert result["error"].startswith(
         "The dataset of learner 0 ran out of data.")
     assert "with .repeat() and give fit steps_per_epoch" in result["error"]
-    # The counters stay exact through the failed fit.
+    # The counters stay exact through the failed fit, and a new fit trains
+    # on (hardsync: in exact rounds again, every new gradient fresh).
     assert_invariants(result["report"])
+    retry = result["retry"]
+    assert retry["gradients"] == result["report"]["gradients"] + 9
+    assert_invariants(retry)
+    if protocol == "hardsync":
+      new = retry["histogram"] - result["report"]["histogram"]
+      assert new[0] == 9 and new.sum() == 9
 
 
 def test_each_learner_gets_its_own_input_context():

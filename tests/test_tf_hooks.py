@@ -229,6 +229,7 @@ def test_closure_queue_hook_behind_the_exhausted_input_error():
   # _inflight_closure_count (read by the hardsync barrier opener).
   cancel = inspect.getsource(queue._cancel_all_closures)  # pylint: disable=protected-access
   assert "while self._inflight_closure_count > 0:" in cancel
+  assert "self._error = None" in inspect.getsource(queue._raise_if_error)  # pylint: disable=protected-access
 
 
 def test_call_time_captures_behind_learner_identity():
