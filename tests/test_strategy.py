@@ -479,12 +479,18 @@ def saved_models(tmp_path_factory):
   return directory, saved
 
 
+def load_saved(directory, load_format):
+  """Loads what `saved_models` saved, in a new cluster, and trains on."""
+  loaded = run_in_fresh_process(scenarios.saved_model_round,
+                                directory=directory, load_format=load_format)
+  assert "error" not in loaded, loaded.get("error")
+  return loaded
+
+
 @pytest.mark.parametrize("save_format", ["keras", "h5"])
 def test_a_saved_model_resumes_in_a_new_cluster(saved_models, save_format):
   directory, saved = saved_models
-  loaded = run_in_fresh_process(scenarios.saved_model_round,
-                                directory=directory, load_format=save_format)
-  assert "error" not in loaded, loaded.get("error")
+  loaded = load_saved(directory, save_format)
   assert loaded["optimizer_class"] == "StalenessAwareOptimizer"
   for key in ("weights", "optimizer"):
     assert len(loaded[key]) == len(saved[key]) > 0
@@ -505,9 +511,7 @@ def test_a_saved_model_resumes_in_a_new_cluster(saved_models, save_format):
 def test_a_savedmodel_keeps_the_weights_and_a_fresh_optimizer(saved_models):
   # As in plain tf_keras, the SavedModel format restores no optimizer state.
   directory, saved = saved_models
-  loaded = run_in_fresh_process(scenarios.saved_model_round,
-                                directory=directory, load_format="savedmodel")
-  assert "error" not in loaded, loaded.get("error")
+  loaded = load_saved(directory, "savedmodel")
   assert loaded["optimizer_class"] == "StalenessAwareOptimizer"
   for a, b in zip(saved["weights"], loaded["weights"]):
     np.testing.assert_array_equal(a, b)
@@ -522,9 +526,7 @@ def test_a_savedmodel_keeps_the_weights_and_a_fresh_optimizer(saved_models):
 def test_a_model_saved_before_training_loads_and_trains(saved_models):
   # Its optimizer was never built: nothing to restore, nothing refused.
   directory, _ = saved_models
-  loaded = run_in_fresh_process(scenarios.saved_model_round,
-                                directory=directory, load_format="untrained")
-  assert "error" not in loaded, loaded.get("error")
+  loaded = load_saved(directory, "untrained")
   for a, b in zip(loaded["weights"], scenarios._mlp().get_weights()):  # pylint: disable=protected-access
     np.testing.assert_array_equal(a, b)
   assert loaded["report"]["gradients"] == 0
