@@ -204,8 +204,7 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   def _refill_tokens(self):
     # A restored ledger holds the tokens of the run that saved it; no
     # learner runs now, so each round restarts from its pending gradients.
-    for shard in getattr(self, "_rudra_shards", None) or ():
-      shard.refill_tokens()
+    self._strategy._refill_tokens()  # pylint: disable=protected-access
 
   def _track_shards(self, shards):
     self._rudra_shards = shards

@@ -300,8 +300,7 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       self._shards = shards
       if self._optimizer is not None:
         self._optimizer._track_shards(shards)  # pylint: disable=protected-access
-      for shard in shards:
-        shard.refill_tokens()
+      self._refill_tokens()
     return shards
 
   def _shard_of(self, variable):
