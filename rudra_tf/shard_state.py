@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from rudra_tf import packing
 from rudra_tf import protocol as protocol_lib
+from rudra_tf import sparse
 from rudra_tf import variables as variables_lib
 
 _INT = tf.int64
@@ -368,8 +369,10 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     """Records one learner's gradient for this shard (graph code).
 
     Args:
-      grads_and_vars: dense (gradient, variable) pairs of this shard's
-        variables; a variable missing from the list contributes zero.
+      grads_and_vars: (gradient, variable) pairs of this shard's variables,
+        each gradient a dense tensor or a deduplicated row gradient
+        (`tf.IndexedSlices`); a variable missing from the list contributes
+        zero.
       pulled_timestamp: the shard timestamp the gradient was computed at.
       apply_update: fn(list of (mean gradient, variable), timestamp) that
         applies one update with the inner optimizer; called inside the lock.
@@ -394,9 +397,14 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     # Everything the learner sends is copied to the ps before the lock is
     # taken: the lock is never held while bytes travel, and a learner that
     # dies mid-transfer cannot leave the shard locked. It is packed on the
-    # learner into two transfers: the gradients, and the int64 metadata.
-    variables = [variable for _, variable in grads_and_vars]
-    sent = packing.pack([gradient for gradient, _ in grads_and_vars])
+    # learner: the dense gradients, the int64 metadata, and each row
+    # gradient as its values and indices (their count varies by batch).
+    dense = [(g, v) for g, v in grads_and_vars if not sparse.is_rows(g)]
+    rows = [(g, v) for g, v in grads_and_vars if sparse.is_rows(g)]
+    sent = packing.pack([gradient for gradient, _ in dense]) if dense else []
+    num_packed = len(sent)
+    for gradient, _ in rows:
+      sent += [gradient.values, gradient.indices]
     metadata = {"learner": learner, "incarnation": incarnation}
     if push_key is not None:
       metadata.update(key=push_key.key, limit=push_key.limit)
@@ -408,10 +416,18 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       arrived = [tf.identity(tensor) for tensor in sent]
       if metadata:
         metadata = dict(zip(metadata, tf.unstack(arrived[-1])))
-      gradients = packing.unpack(
-          arrived[:-1] if metadata else arrived,
-          [tf.TensorSpec(v.shape, g.dtype) for g, v in grads_and_vars])
-      gradient_of = {id(v): g for g, v in zip(gradients, variables)}
+      gradient_of = {}
+      if dense:
+        gradients = packing.unpack(
+            arrived[:num_packed],
+            [tf.TensorSpec(v.shape, g.dtype) for g, v in dense])
+        gradient_of.update(
+            (id(v), g) for g, (_, v) in zip(gradients, dense))
+      for position, (_, variable) in zip(
+          range(num_packed, num_packed + 2 * len(rows), 2), rows):
+        gradient_of[id(variable)] = tf.IndexedSlices(
+            arrived[position], arrived[position + 1],
+            tf.constant(variable.shape.as_list(), _INT))
       learner = metadata.get("learner")
       incarnation = metadata.get("incarnation")
       if push_key is not None:
@@ -513,8 +529,8 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       for variable in self._model_variables:
         gradient = gradient_of.get(id(variable))
         if gradient is not None:
-          self._accumulator_of[id(variable)].assign_add(
-              tf.cast(weight, gradient.dtype) * gradient)
+          sparse.add_to(self._accumulator_of[id(variable)],
+                        sparse.weighted(weight, gradient))
       return tf.constant(True)
 
     with tf.control_dependencies(written):
@@ -556,7 +572,8 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
           lr_policy, tf.cast(staleness, tf.float32), maximum=tf.maximum)
       gradients = self._weighted(weight, gradient_of)
       apply_update(gradients, timestamp)
-      with tf.control_dependencies([g for g, _ in gradients]):
+      with tf.control_dependencies(
+          [t for g, _ in gradients for t in sparse.tensors_of(g)]):
         return tf.constant(True)
 
     tf.cond(accepted, lambda: _after_all_ops(apply),
@@ -582,7 +599,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       gradient = gradient_of.get(id(variable))
       gradients.append((tf.zeros(variable.shape, variable.dtype)
                         if gradient is None else
-                        tf.cast(weight, gradient.dtype) * gradient, variable))
+                        sparse.weighted(weight, gradient), variable))
     return gradients
 
   # ------------------------------------------------------------------ report

@@ -20,6 +20,7 @@ from rudra_tf import coordinator as coordinator_lib
 from rudra_tf import optimizer as _  # pylint: disable=unused-import
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import report as report_lib
+from rudra_tf import sparse
 from rudra_tf import variables as variables_lib
 from rudra_tf.shard_state import ShardState
 
@@ -178,6 +179,13 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   async then also applies each update outside the shard's lock, like stock
   ParameterServerStrategy (the clock, σ and the counters stay exact).
 
+  Embeddings (row gradients): an embedding lookup's gradient is pushed as
+  the rows the mini-batch touched (deduplicated, as tf_keras does), and a
+  shard adds it to its accumulator by a scatter; the update itself is the
+  inner optimizer's (its sparse rule for async, its dense rule on the mean
+  of c gradients otherwise). A lookup gathers its rows from the pulled
+  snapshot, on the learner.
+
   Input: a dataset function (`tf_keras.utils.experimental.DatasetCreator`, or
   `distribute_datasets_from_function`) receives
   `InputContext(num_input_pipelines=λ, input_pipeline_id=learner index)`, so
@@ -189,7 +197,10 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     * Shards are not synchronized with each other (as in Rudra): each shard
       has its own timestamp and histogram; `staleness_report()` gives each.
     * One replica per learner task (no multi-GPU learners).
-    * Sparse gradients (embeddings) are accumulated densely.
+    * Embedding tables: a pull copies every weight, a table included, so a
+      step's cost grows with the table (docs/performance.md, "Embedding
+      tables"). Row gradients are added to a dense accumulator (a table's
+      size on the ps), and softsync/hardsync apply their mean densely.
     * evaluate and predict steps read the live weights without the lock.
     * hardsync with several shards runs a barrier per shard; a learner
       takes its tokens in shard order, so the barriers cannot deadlock, but
@@ -350,8 +361,10 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     per_shard = {}
     for gradient, variable in _split_sharded(grads_and_vars):
       shard = self._shard_of(variable)
-      per_shard.setdefault(shard.index, []).append(
-          (tf.convert_to_tensor(gradient), variable))
+      # A row gradient (an embedding lookup's) travels as its rows.
+      gradient = (sparse.deduplicate(gradient) if sparse.is_rows(gradient)
+                  else tf.convert_to_tensor(gradient))
+      per_shard.setdefault(shard.index, []).append((gradient, variable))
     staleness = []
     for shard in self._shards:
       if shard.index in per_shard:
@@ -448,8 +461,11 @@ def _split_sharded(grads_and_vars):
       variable = variable._variable  # pylint: disable=protected-access
     if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
       parts = variable.variables
-      dense = tf.convert_to_tensor(gradient)
       sizes = [part.shape[0] for part in parts]
-      yield from zip(tf.split(dense, sizes, axis=0), parts)
+      if sparse.is_rows(gradient):
+        yield from zip(sparse.split_rows(gradient, sizes), parts)
+      else:
+        yield from zip(tf.split(tf.convert_to_tensor(gradient), sizes,
+                                axis=0), parts)
     else:
       yield gradient, variable

@@ -21,6 +21,7 @@ import threading
 import tensorflow as tf
 from tensorflow.python.distribute import ps_values
 from tensorflow.python.eager import record
+from tensorflow.python.framework import ops
 from tensorflow.python.ops import resource_variable_ops
 
 _state = threading.local()
@@ -114,6 +115,16 @@ class RudraVariable(ps_values.CachingVariable):
           f"Incompatible type conversion requested to type {dtype.name} for "
           f"variable {self.name} of type {pulled.dtype.name}.")
     return pulled
+
+  def sparse_read(self, indices, name=None):
+    """Rows at `indices` (an embedding lookup): from the pull, if any."""
+    pulled = current_pull()
+    if pulled is None or id(self) not in pulled.snapshots:
+      return super().sparse_read(indices, name=name)
+    # tf.nn.embedding_lookup colocates the lookup with the variable (a ps
+    # task); a pulled lookup runs on the learner, where the snapshot is.
+    with ops.colocate_with(None, ignore_existing=True):
+      return tf.gather(self._pulled_value(), indices, name=name)
 
   def live_read(self):
     """Reads the wrapped variable, ignoring any pull (for the ps side)."""

@@ -71,6 +71,8 @@ def _make_optimizer(name):
     return tf_keras.optimizers.SGD(0.05, momentum=0.9)
   if name == "adam":
     return tf_keras.optimizers.Adam(0.01)
+  if name == "adagrad":
+    return tf_keras.optimizers.Adagrad(0.1)
   if name == "sgd_weight_decay_clipnorm":
     return tf_keras.optimizers.SGD(0.05, momentum=0.9, weight_decay=0.01,
                                    clipnorm=0.5)

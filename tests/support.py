@@ -1,8 +1,11 @@
-"""Runs a cluster scenario in a fresh process: TensorFlow allows one cluster
+"""Runs a cluster scenario in a fresh process (TensorFlow allows one cluster
 per process, and a deadlock must fail a test, not hang the suite."""
 
 import multiprocessing
 import traceback
+
+import numpy as np
+import pytest
 
 DEFAULT_TIMEOUT_S = 300
 
@@ -47,3 +50,19 @@ def run_in_fresh_process(fn, *, timeout=DEFAULT_TIMEOUT_S, **kwargs):
   if not ok:
     raise AssertionError(f"{fn.__name__}({kwargs}) failed:\n{payload}")
   return payload
+
+
+def assert_invariants(report):
+  """The exact invariants every shard must satisfy after any run."""
+  c = report["gradients_per_update"]
+  for shard in report["shards"]:
+    accepted = shard["gradients"] - shard["dropped"]
+    assert shard["timestamp"] * c + shard["pending"] == accepted, shard
+    assert 0 <= shard["pending"] < c, shard
+    assert shard["histogram"].sum() == shard["gradients"], shard
+    histogram = shard["histogram"]
+    if histogram[-1] == 0:  # no overflow bin: the mean is exact from it
+      exact_mean = (np.arange(len(histogram)) @ histogram) / max(
+          shard["gradients"], 1)
+      assert shard["mean"] == pytest.approx(exact_mean, abs=1e-12)
+    assert shard["max"] == int(np.max(np.nonzero(histogram)[0], initial=0))

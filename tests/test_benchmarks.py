@@ -123,3 +123,35 @@ def test_one_run_side_by_side(tmp_path):
   assert set(single["cpu_cores"]) == {"single", "total"}
   assert "| mlp | 1 | – | rudra:async |" in (
       tmp_path / "throughput.md").read_text()
+
+
+def test_embedding_tables_side_by_side(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.embeddings", "--rows=2000",
+       "--steps=3", "--contenders=parameter_server,rudra:dense_push,rudra",
+       f"--out_dir={tmp_path}"],
+      cwd=REPO, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  written = json.loads((tmp_path / "embeddings.json").read_text())
+  figures = written["figures"]
+  assert [f["contender"] for f in figures] == [
+      "parameter_server", "rudra:dense_push", "rudra"]
+  stock = figures[0]["steps_per_s"]
+  for entry in figures:
+    assert entry["rows"] == 2000
+    assert entry["table_mb"] == pytest.approx(2000 * 32 * 4 / 2**20)
+    assert entry["ms_per_step"] == pytest.approx(1000 / entry["steps_per_s"])
+    assert entry["vs_stock_ps"] == pytest.approx(entry["steps_per_s"] / stock)
+  assert "| 2000 | 0.2 | rudra |" in (tmp_path / "embeddings.md").read_text()
+
+
+def test_embedding_benchmark_refuses_an_unknown_contender(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.embeddings", "--contenders=rudra:fast",
+       f"--out_dir={tmp_path}"],
+      cwd=REPO, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode != 0
+  assert ("Unknown contender 'rudra:fast'; valid contenders are "
+          "parameter_server, rudra:dense_push, rudra") in result.stderr

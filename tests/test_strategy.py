@@ -9,23 +9,8 @@ import numpy as np
 import pytest
 
 from tests import scenarios
+from tests.support import assert_invariants
 from tests.support import run_in_fresh_process
-
-
-def assert_invariants(report):
-  """The exact invariants every shard must satisfy after any run."""
-  c = report["gradients_per_update"]
-  for shard in report["shards"]:
-    accepted = shard["gradients"] - shard["dropped"]
-    assert shard["timestamp"] * c + shard["pending"] == accepted, shard
-    assert 0 <= shard["pending"] < c, shard
-    assert shard["histogram"].sum() == shard["gradients"], shard
-    histogram = shard["histogram"]
-    if histogram[-1] == 0:  # no overflow bin: the mean is exact from it
-      exact_mean = (np.arange(len(histogram)) @ histogram) / max(
-          shard["gradients"], 1)
-      assert shard["mean"] == pytest.approx(exact_mean, abs=1e-12)
-    assert shard["max"] == int(np.max(np.nonzero(histogram)[0], initial=0))
 
 
 # ------------------------------------------------------------------ oracle

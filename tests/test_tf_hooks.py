@@ -172,6 +172,34 @@ def test_tape_records_a_pulled_read_as_a_variable_read():
   assert gradient().numpy().tolist() == [6.0, 10.0]
 
 
+def test_lookups_reach_a_variables_sparse_read_colocated_with_it():
+  # RudraVariable.sparse_read serves embedding lookups from the pull; it is
+  # reached because tf.gather (and so tf.nn.embedding_lookup) calls a
+  # variable's sparse_read, and it clears the colocation with the variable
+  # that embedding_lookup sets (else a pulled lookup would run on the ps).
+  calls = []
+
+  class Recording(ps_values.CachingVariable):
+
+    def sparse_read(self, indices, name=None):
+      from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
+      calls.append(ops.get_default_graph()._colocation_stack.peek_objs())  # pylint: disable=protected-access
+      return super().sparse_read(indices, name=name)
+
+  variable = Recording(tf.Variable([[1.0], [2.0], [3.0]]))
+
+  @tf.function
+  def lookup(ids):
+    return tf.nn.embedding_lookup(variable, ids)
+
+  assert lookup(tf.constant([2, 0])).numpy().tolist() == [[3.0], [1.0]]
+  assert len(calls) == 1 and calls[0], calls  # colocated with the variable
+  # A row gradient through the tape is IndexedSlices (what the push sends).
+  with tf.GradientTape() as tape:
+    rows = tf.nn.embedding_lookup(variable.get(), tf.constant([2, 2]))
+  assert isinstance(tape.gradient(rows, variable.get()), tf.IndexedSlices)
+
+
 def test_coordinator_hooks_behind_push_keys():
   # RudraCoordinator traces a keyed wrapper the way Closure does, and reads
   # tf_keras's multi-step step count from this argument name.
