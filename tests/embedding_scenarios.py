@@ -37,10 +37,12 @@ def _ids_data(n=64, rows=ROWS, seed=1):
   return x, (x[:, 0] % 2).astype("int64")
 
 
-def embedding_matches_plain(optimizer, partitioned=False, steps=20):
+def embedding_matches_plain(optimizer, partitioned=False, steps=20,
+                            steps_per_execution=1):
   """One learner, async, "none": an embedding model against plain tf_keras.
 
   `partitioned`: two ps tasks, every variable split in two parts.
+  `steps_per_execution`: steps per scheduled closure (a traced loop).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
@@ -56,7 +58,8 @@ def embedding_matches_plain(optimizer, partitioned=False, steps=20):
     model = _embedding_model()
     model.compile(optimizer=rudra_tf.StalenessAwareOptimizer(
         scenarios._make_optimizer(optimizer)),  # pylint: disable=protected-access
-                  loss="sparse_categorical_crossentropy")
+                  loss="sparse_categorical_crossentropy",
+                  steps_per_execution=steps_per_execution)
   model.fit(scenarios._dataset(x, y, 8), epochs=1, steps_per_epoch=steps,  # pylint: disable=protected-access
             verbose=0)
   reference = _embedding_model()

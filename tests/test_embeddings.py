@@ -12,18 +12,20 @@ from tests.support import run_in_fresh_process
 
 
 # ------------------------------------------------------------------ oracle
-@pytest.mark.parametrize("optimizer,partitioned", [
+@pytest.mark.parametrize("optimizer,partitioned,steps_per_execution", [
     # Adam's second moment tells a deduplicated row gradient from one that
     # repeats a row (the data repeat rows within every batch).
-    ("adam", False),
+    ("adam", False, 1),
     # Adagrad's sparse rule reads its slot's rows (a lookup on the ps).
-    ("adagrad", False),
-    ("sgd_momentum", True)])
+    ("adagrad", False, 1),
+    ("sgd_momentum", True, 1),
+    # Five steps per closure: the row pushes run inside a traced loop.
+    ("sgd_momentum", False, 5)])
 def test_one_learner_async_embedding_model_equals_plain_keras(
-    optimizer, partitioned):
+    optimizer, partitioned, steps_per_execution):
   result = run_in_fresh_process(
       embedding_scenarios.embedding_matches_plain, optimizer=optimizer,
-      partitioned=partitioned)
+      partitioned=partitioned, steps_per_execution=steps_per_execution)
   assert all(s["timestamp"] == 20 for s in result["report"]["shards"])
   for rudra, plain in zip(result["rudra"], result["plain"]):
     np.testing.assert_allclose(rudra, plain, rtol=1e-5, atol=1e-6)
