@@ -4,11 +4,7 @@ Each runs in its own process (`support.run_in_fresh_process`) and returns
 plain data for tests/test_embeddings.py.
 """
 
-import os
-
-from tests import scenarios
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tests import scenarios  # (sets TF_CPP_MIN_LOG_LEVEL for the children)
 
 ROWS, WIDTH, IDS = 50, 4, 3
 
@@ -71,8 +67,7 @@ def embedding_matches_plain(optimizer, partitioned=False, steps=20,
   table_parts = table.variables if partitioned else [table]
   # Whole variables (a partitioned one's parts concatenated).
   weights = [tf.convert_to_tensor(v).numpy() for v in
-             (model.layers[0].embeddings, model.layers[2].kernel,
-              model.layers[2].bias)]
+             (table, model.layers[2].kernel, model.layers[2].bias)]
   return {"rudra": weights, "plain": reference.get_weights(),
           "initial": _embedding_model().get_weights(),
           "table_devices": [v.device for v in table_parts],

@@ -1,5 +1,6 @@
 """Runs a cluster scenario in a fresh process (TensorFlow allows one cluster
-per process, and a deadlock must fail a test, not hang the suite."""
+per process, and a deadlock must fail a test, not hang the suite), and the
+invariants every shard's report must satisfy after any run."""
 
 import multiprocessing
 import traceback
