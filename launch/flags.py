@@ -65,7 +65,9 @@ def define_flags():
   flags.DEFINE_list("kill_task", [], "Fault injection (local runs): "
                     "TYPE:INDEX@STEP kills that task with SIGKILL once the "
                     "parameter server has received STEP gradients, e.g. "
-                    "worker:1@40 or ps:0@100 or chief:0@60. Repeatable.")
+                    "worker:1@40 or ps:0@100 or chief:0@60; a killed "
+                    "learner is awaited at the epoch's end until it serves "
+                    "again. Repeatable.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,9 +88,11 @@ class FaultToleranceMixin:
     self.assert_exact_totals(saved, 1000)
     if protocol == "hardsync":
       assert set(saved["staleness_histogram"][1:]) <= {0}  # σ = 0, even then
-    # The restarted learner served again (whether it also pushed before the
-    # run ended depends on the machine's speed; it did in the runs quoted in
-    # docs/reliability.md).
+    # The restarted learner served again: the injector holds the epoch's end
+    # until it does (whether it also pushed before the run ended depends on
+    # the machine's speed; it did in the runs quoted in docs/reliability.md).
+    assert "fault injection: worker:1 serves again (pid" in output, (
+        output[-3000:])
     assert output.count("[worker:1] worker:1 serving on") == 2, output[-3000:]
     print(f"{protocol}: learner gradients {saved['learner_gradients']}, "
           f"duplicates refused {saved['duplicates']}")
