@@ -128,7 +128,7 @@ def _wait_until_serving_again(name, killed_pid, deadline):
   while time.monotonic() < deadline:
     try:
       pid = task_pids().get(name)
-    except (OSError, ValueError):  # The launcher is rewriting the file.
+    except OSError:  # The launcher removed it: the job is stopping.
       pid = None
     # A new pid first: the killed process's port may not be closed yet.
     if pid not in (None, killed_pid) and local_cluster.port_open(address):
