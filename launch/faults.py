@@ -58,12 +58,15 @@ class KillTaskAtStep(tf_keras.callbacks.Callback):
   Args:
     strategy: the RudraStrategy being trained.
     plan: (task type, index, step) entries (launch.flags.resolve_kill_tasks).
+    cluster: the cluster spec as a dict (job -> addresses), to find a
+      restarted learner's port.
     out: fn(line) for what it does.
   """
 
-  def __init__(self, strategy, plan, out=print):
+  def __init__(self, strategy, plan, cluster, out=print):
     super().__init__()
     self._strategy = strategy
+    self._cluster = cluster
     self._pending = sorted(plan, key=lambda entry: entry[2])
     self._out = out
     self._done = threading.Event()
@@ -105,8 +108,10 @@ class KillTaskAtStep(tf_keras.callbacks.Callback):
       awaiting, self._awaiting_rejoin = self._awaiting_rejoin, {}
     for name, killed_pid in awaiting.items():
       start = time.monotonic()
-      pid = _wait_until_serving_again(name, killed_pid,
-                                      start + REJOIN_TIMEOUT_S)
+      task_type, index = name.split(":")
+      pid = _wait_until_serving_again(
+          name, killed_pid, self._cluster[task_type][int(index)],
+          start + REJOIN_TIMEOUT_S)
       waited = time.monotonic() - start
       if pid is None:
         self._out(f"fault injection: {name} did not serve again within "
@@ -116,15 +121,8 @@ class KillTaskAtStep(tf_keras.callbacks.Callback):
                   f"waited {waited:.1f} s at the epoch's end)")
 
 
-def _address(name):
-  task_type, index = name.split(":")
-  cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-  return cluster[task_type][int(index)]
-
-
-def _wait_until_serving_again(name, killed_pid, deadline):
-  """The restarted task's pid once its port accepts connections, or None."""
-  address = _address(name)
+def _wait_until_serving_again(name, killed_pid, address, deadline):
+  """The restarted task's pid once `address` accepts connections, or None."""
   while time.monotonic() < deadline:
     try:
       pid = task_pids().get(name)

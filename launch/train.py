@@ -197,7 +197,7 @@ def run_chief(config, spec):
   if config.kill_tasks:
     from launch import faults  # pylint: disable=g-import-not-at-top
     callbacks.append(faults.KillTaskAtStep(
-        strategy, config.kill_tasks,
+        strategy, config.kill_tasks, spec.cluster,
         out=lambda line: print(line, flush=True)))
   progress = telemetry.ProgressCallback(
       strategy, config.minibatch, config.epochs, log_dir=config.log_dir,
