@@ -24,6 +24,9 @@ setuptools.setup(
     ],
     extras_require={
         "datasets": ["tensorflow-datasets"],
+        # Learners on NVIDIA GPUs (--gpus): TensorFlow's CUDA 12 libraries
+        # as pip packages (about 3 GB).
+        "gpu": ["tensorflow[and-cuda]==2.21.*"],
         # benchmarks/soak.py samples every task's memory.
         "benchmarks": ["psutil"],
         "test": ["pytest", "psutil", "tensorflow-datasets"],

@@ -10,7 +10,8 @@ or from counts and a host-name pattern (Kubernetes services):
   python -m launch.cluster_config --num_workers=4 --num_ps=1 \
       --pattern='rudra-{job}-{index}:2222' \
       --manifest=tfjob.yaml --image=registry/rudra:latest \
-      --command='python -m launch.train --protocol=2-softsync'
+      --command='python -m launch.train --protocol=2-softsync' \
+      --gpus_per_learner=1
 
 Each task then runs the same training command with its TF_CONFIG. The
 manifest is a `kubeflow.org/v1` TFJob (the training operator sets TF_CONFIG
@@ -40,10 +41,17 @@ flags.DEFINE_string("job_name", "rudra", "TFJob metadata.name.")
 flags.DEFINE_string("image", None, "Container image (with --manifest).")
 flags.DEFINE_string("command", "python -m launch.train",
                     "Training command each pod runs (with --manifest).")
+flags.DEFINE_integer("gpus_per_learner", 0, "1: each Worker pod asks "
+                     "Kubernetes for one GPU (nvidia.com/gpu) and the Chief "
+                     "and PS pods see none (with --manifest).")
 FLAGS = flags.FLAGS
 
 # The TFJob operator names replica types this way.
 _REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
+# A learner task is one replica on one device (RudraStrategy's limitation).
+GPUS_PER_LEARNER_VALUES = (0, 1)
+# The resource NVIDIA's Kubernetes device plugin schedules GPUs by.
+GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def cluster_from_addresses(chief, workers, ps):
@@ -83,22 +91,38 @@ def tf_configs(cluster):
           for job in TASK_TYPES for index in range(len(cluster[job]))}
 
 
-def tfjob_manifest(cluster, name, image, command):
-  """A kubeflow.org/v1 TFJob with Chief, Worker and PS replicas."""
+def tfjob_manifest(cluster, name, image, command, gpus_per_learner=0):
+  """A kubeflow.org/v1 TFJob with Chief, Worker and PS replicas.
+
+  With `gpus_per_learner=1` each Worker container asks for one GPU, which
+  the device plugin makes the only one it sees, and the Chief and PS
+  containers get CUDA_VISIBLE_DEVICES="": CUDA images expose every GPU of
+  the node by default, and a ps task that sees one puts its variables there.
+  """
   if not image:
     raise ValueError("--image is required with --manifest.")
+  if gpus_per_learner not in GPUS_PER_LEARNER_VALUES:
+    raise ValueError(
+        f"--gpus_per_learner={gpus_per_learner} is not supported: a learner "
+        "task trains one replica on one device; valid values are "
+        f"{', '.join(map(str, GPUS_PER_LEARNER_VALUES))}.")
   port = int(cluster["chief"][0].rpartition(":")[2])
   specs = {}
   for job in TASK_TYPES:
+    container = {
+        "name": "tensorflow",  # the operator looks for this name
+        "image": image,
+        "command": shlex.split(command),
+        "ports": [{"name": "tfjob-port", "containerPort": port}],
+    }
+    if gpus_per_learner and job == "worker":
+      container["resources"] = {"limits": {GPU_RESOURCE: gpus_per_learner}}
+    elif gpus_per_learner:
+      container["env"] = [{"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
     specs[_REPLICA_TYPES[job]] = {
         "replicas": len(cluster[job]),
         "restartPolicy": "OnFailure" if job == "worker" else "Never",
-        "template": {"spec": {"containers": [{
-            "name": "tensorflow",  # the operator looks for this name
-            "image": image,
-            "command": shlex.split(command),
-            "ports": [{"name": "tfjob-port", "containerPort": port}],
-        }]}},
+        "template": {"spec": {"containers": [container]}},
     }
   return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
           "metadata": {"name": name},
@@ -115,8 +139,13 @@ def main(argv):
     else:
       cluster = cluster_from_addresses(FLAGS.chief, FLAGS.workers, FLAGS.ps)
     configs = tf_configs(cluster)
+    if FLAGS.gpus_per_learner and not FLAGS.manifest:
+      raise ValueError("--gpus_per_learner sets the GPUs of the TFJob's "
+                       "pods: give --manifest (and --image) with it; a "
+                       "local run takes launch.train --gpus instead.")
     manifest = (tfjob_manifest(cluster, FLAGS.job_name, FLAGS.image,
-                               FLAGS.command) if FLAGS.manifest else None)
+                               FLAGS.command, FLAGS.gpus_per_learner)
+                if FLAGS.manifest else None)
   except ValueError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2

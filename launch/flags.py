@@ -51,7 +51,9 @@ def define_flags():
                       "--log_dir is set).")
   flags.DEFINE_integer("seed", 0, "Seed of the initial weights and shuffles.")
   flags.DEFINE_integer("gpus", 0, "GPUs on this machine: each learner gets "
-                       "one, round-robin (0: leave devices as they are).")
+                       "one, round-robin, of those CUDA_VISIBLE_DEVICES "
+                       "lists (0: leave devices as they are). Refused when "
+                       "TensorFlow sees fewer (pip install -e '.[gpu]').")
   flags.DEFINE_list("emulated_step_ms", [], "Emulated compute time per "
                     "learner step, in ms: one value for every learner or one "
                     "per learner (a straggler: 400,100,100,100). Learners "

@@ -8,7 +8,9 @@ learner sees, the device each learner's compute ops (convolutions, matrix
 products and their gradients) were placed on, as TensorFlow's placer logged
 them in that learner's task, and each epoch's updates/s and examples/s.
 It runs unchanged on a CPU-only machine (and then says so). Exits 1 when
-GPUs were found but a learner's compute ops did not run on one.
+GPUs were found but a learner's compute ops did not run on one, and 2, with
+the launcher's one-line error, when the driver lists GPUs that TensorFlow
+cannot use (it needs CUDA 12's libraries: `pip install -e '.[gpu]'`).
 """
 
 import collections
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import threading
 
+from launch import gpus as gpus_lib
 from launch import tf_environment
 
 TIMEOUT_S = 290  # the check must end within 5 minutes
@@ -29,15 +32,6 @@ PLACEMENT = re.compile(r"^\[(?P<task>\w+:\d+)\] (?P<op>\S+): "
 COMPUTE_OP_TYPES = frozenset({
     "Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MatMul",
     "_FusedConv2D", "_FusedMatMul"})
-
-
-def visible_gpus():
-  try:
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True,
-                         text=True, timeout=30).stdout
-  except (OSError, subprocess.TimeoutExpired):
-    return 0
-  return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 class PlacementLog:
@@ -79,7 +73,7 @@ class PlacementLog:
 
 
 def main(argv):
-  gpus = visible_gpus()
+  gpus = gpus_lib.nvidia_smi_gpus()
   print(f"gpu_check: {gpus} GPU(s) found by nvidia-smi", flush=True)
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   command = [sys.executable, "-m", "launch.train", "--model=small_cnn",

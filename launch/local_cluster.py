@@ -43,6 +43,7 @@ import time
 
 import portpicker
 
+from launch import gpus as gpus_lib
 from launch import tf_environment
 
 _PR_SET_PDEATHSIG = 1
@@ -140,7 +141,9 @@ class LocalProcessCluster:
       TF_CONFIG in the environment.
     num_learners, num_ps: cluster size.
     gpus: GPUs to hand out round-robin, one per learner, through
-      CUDA_VISIBLE_DEVICES; 0 leaves the environment as it is. The chief and
+      CUDA_VISIBLE_DEVICES (the first `gpus` ids that `environment`'s own
+      CUDA_VISIBLE_DEVICES lists, if it sets one: `gpus.learner_device_id`);
+      0 leaves the environment as it is. The chief and
       ps tasks never see a GPU when gpus > 0. With more learners than GPUs,
       learners share them and take GPU memory as they need it
       (TF_FORCE_GPU_ALLOW_GROWTH, unless the environment sets it).
@@ -161,7 +164,10 @@ class LocalProcessCluster:
     self._command = list(command)
     self._gpus = gpus
     self._out = out
-    self._environment = dict(environment or os.environ)
+    self._environment = dict(
+        os.environ if environment is None else environment)
+    if gpus > 0:  # refuses more GPUs than CUDA_VISIBLE_DEVICES lists
+      gpus_lib.learner_device_id(0, gpus, self._environment)
     self._learner_restarts = learner_restarts
     self._chief_computes = chief_computes
     self._restarts = {}
@@ -183,8 +189,9 @@ class LocalProcessCluster:
       tf_environment.share_cores(environment, computing_tasks)
     environment.setdefault("PYTHONUNBUFFERED", "1")
     if self._gpus > 0:
-      environment["CUDA_VISIBLE_DEVICES"] = (
-          str(index % self._gpus) if task_type == "worker" else "")
+      environment[gpus_lib.CUDA_VISIBLE_DEVICES] = (
+          gpus_lib.learner_device_id(index, self._gpus, self._environment)
+          if task_type == "worker" else "")
       if task_type == "worker" and len(self.cluster["worker"]) > self._gpus:
         environment.setdefault(tf_environment.GPU_ALLOW_GROWTH_VARIABLE,
                                "true")

@@ -31,6 +31,7 @@ from absl import logging
 
 from launch import checkpoints
 from launch import flags as launch_flags
+from launch import gpus
 from launch import local_cluster
 
 launch_flags.define_flags()
@@ -285,6 +286,7 @@ def main(argv):
     else:
       config = launch_flags.resolve_config(FLAGS, FLAGS.learners,
                                            FLAGS.ps_tasks)
+      gpus.check_gpus(config.gpus, os.environ)
     checkpoints.check_resumable(config)
   except ValueError as error:
     return _fail(str(error))

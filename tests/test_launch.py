@@ -13,6 +13,7 @@ import pytest
 from absl import flags as absl_flags
 
 from launch import flags as launch_flags
+from launch import gpus
 from launch import local_cluster
 from launch import tf_environment
 from tests import scenarios
@@ -188,6 +189,71 @@ def test_learners_get_one_gpu_each_round_robin():
       "worker:0": (None, None), "worker:1": (None, None)}
 
 
+def test_learners_get_the_gpus_the_launchers_cuda_visible_devices_lists():
+  # A launcher run under CUDA_VISIBLE_DEVICES=2,5,7 with --gpus=2 hands out
+  # its first two ids round-robin and never the GPUs it was not given.
+  listed = {"CUDA_VISIBLE_DEVICES": "2, 5,7"}
+  assert [gpus.learner_device_id(learner, 2, listed)
+          for learner in range(3)] == ["2", "5", "2"]
+  assert gpus.learner_device_id(1, 2, {}) == "1"  # unset: every GPU
+  cluster = local_cluster.LocalProcessCluster(
+      ["true"], num_learners=2, num_ps=1, gpus=2, environment=listed)
+  os.remove(cluster.pids_path)  # never run: nothing else removes it
+  assert [cluster._environment_for("worker", index)["CUDA_VISIBLE_DEVICES"]  # pylint: disable=protected-access
+          for index in (0, 1)] == ["2", "5"]
+  with pytest.raises(ValueError) as error:
+    local_cluster.LocalProcessCluster(
+        ["true"], num_learners=2, num_ps=1, gpus=4, environment=listed)
+  assert str(error.value) == (
+      "--gpus=4 asks for 4 GPU(s), but CUDA_VISIBLE_DEVICES='2, 5,7' "
+      "allows 3; pass --gpus=3 or fewer, or list more GPUs in "
+      "CUDA_VISIBLE_DEVICES.")
+
+
+@pytest.mark.parametrize("requested,environment,seen,driver,cuda,expected", [
+    (2, {}, 2, 2, True, None),
+    (1, {"CUDA_VISIBLE_DEVICES": "1"}, 1, 4, True, None),
+    # The driver lists GPUs that TensorFlow cannot open: the fix is the
+    # CUDA libraries, not the flag.
+    (2, {}, 0, 2, True,
+     "--gpus=2 asks for 2 GPU(s), but nvidia-smi lists 2 but TensorFlow "
+     "2.21.0 sees none: its CUDA 12 libraries are missing or do not load; "
+     "install them with pip install -e '.[gpu]' "
+     "(tensorflow[and-cuda]==2.21.*), or pass --gpus=0 to train on the "
+     "CPU."),
+    (1, {}, 0, 1, False,
+     "--gpus=1 asks for 1 GPU(s), but nvidia-smi lists 1 but TensorFlow "
+     "2.21.0 sees none: it is built without CUDA; install TensorFlow's "
+     "CUDA build with pip install -e '.[gpu]' "
+     "(tensorflow[and-cuda]==2.21.*), or pass --gpus=0 to train on the "
+     "CPU."),
+    (4, {}, 2, 2, True,
+     "--gpus=4 asks for 4 GPU(s), but TensorFlow 2.21.0 sees 2 GPU(s) on "
+     "this machine; pass --gpus=2 or fewer."),
+    (1, {}, 0, 0, True,
+     "--gpus=1 asks for 1 GPU(s), but TensorFlow 2.21.0 sees 0 GPU(s) on "
+     "this machine; pass --gpus=0 to train on the CPU."),
+    (1, {"CUDA_VISIBLE_DEVICES": ""}, 0, 2, True,
+     "--gpus=1 asks for 1 GPU(s), but CUDA_VISIBLE_DEVICES='' allows 0; "
+     "pass --gpus=0 or fewer, or list more GPUs in CUDA_VISIBLE_DEVICES."),
+])
+def test_gpus_tensorflow_cannot_use_are_named_with_the_fix(
+    requested, environment, seen, driver, cuda, expected):
+  assert gpus.shortage_message(requested, environment, seen, driver, cuda,
+                               "2.21.0") == expected
+
+
+def test_more_gpus_than_tensorflow_sees_are_refused_before_any_server():
+  # No machine this runs on has 64 GPUs, so every one refuses; on this
+  # project's CPU-only machines TensorFlow sees none.
+  bad = launch(SMALL_JOB + ["--gpus=64"])
+  out, _ = bad.communicate(timeout=120)
+  assert bad.returncode == 2, out
+  last = out.strip().splitlines()[-1]
+  assert last.startswith("error: --gpus=64 asks for 64 GPU(s), but "), out
+  assert "pass --gpus=" in last and "serving on" not in out, out
+
+
 def test_local_cluster_trains_and_leaves_no_process(tmp_path):
   results = tmp_path / "results.json"
   job = launch(SMALL_JOB + [f"--results={results}",
@@ -295,6 +361,30 @@ def test_generator_prints_consistent_tf_configs_and_a_tfjob(tmp_path):
   assert container["command"] == ["python", "-m", "launch.train",
                                   "--protocol=async"]
   assert container["image"] == "registry/rudra:1"
+  # Without --gpus_per_learner no pod asks for a GPU or hides one.
+  for replica in tfjob["spec"]["tfReplicaSpecs"].values():
+    container = replica["template"]["spec"]["containers"][0]
+    assert "resources" not in container and "env" not in container
+
+
+def test_generator_gives_each_learner_pod_one_gpu_and_hides_the_rest(
+    tmp_path):
+  manifest = tmp_path / "tfjob.yaml"
+  result = generate("--num_workers=2", "--num_ps=1",
+                    "--pattern=rudra-{job}-{index}:2222",
+                    f"--manifest={manifest}", "--image=registry/rudra:1",
+                    "--gpus_per_learner=1")
+  assert result.returncode == 0, result.stderr
+  specs = json.loads(manifest.read_text())["spec"]["tfReplicaSpecs"]
+  containers = {replica: spec["template"]["spec"]["containers"][0]
+                for replica, spec in specs.items()}
+  assert containers["Worker"]["resources"] == {
+      "limits": {"nvidia.com/gpu": 1}}
+  assert "env" not in containers["Worker"]
+  for replica in ("Chief", "PS"):
+    assert "resources" not in containers[replica]
+    assert containers[replica]["env"] == [
+        {"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -306,6 +396,12 @@ def test_generator_prints_consistent_tf_configs_and_a_tfjob(tmp_path):
     (["--num_workers=2", "--num_ps=1", "--pattern=host:1"], "needs both"),
     (["--chief=a:1", "--workers=b:2", "--ps=c:3", "--manifest=x.yaml"],
      "--image is required"),
+    (["--chief=a:1", "--workers=b:2", "--ps=c:3", "--manifest=x.yaml",
+      "--image=i", "--gpus_per_learner=2"],
+     "--gpus_per_learner=2 is not supported: a learner task trains one "
+     "replica on one device; valid values are 0, 1."),
+    (["--chief=a:1", "--workers=b:2", "--ps=c:3", "--gpus_per_learner=1"],
+     "give --manifest (and --image) with it"),
 ])
 def test_generator_refuses_bad_clusters(args, fragment):
   result = generate(*args)
