@@ -317,9 +317,17 @@ def main(argv):
       print("interrupted; stopped every task.", file=sys.stderr, flush=True)
       return 130
 
-  if config.kill_tasks and not os.environ.get("RUDRA_TASK_PIDS"):
+  # A task of the local launcher's own cluster has the supervisor's pid file.
+  in_local_cluster = bool(
+      os.environ.get(local_cluster.PIDS_ENVIRONMENT_VARIABLE))
+  if config.kill_tasks and not in_local_cluster:
     return _fail("--kill_task works only in a local cluster started by "
                  "launch/train.py without TF_CONFIG; remove it for a deploy.")
+  if config.gpus and not in_local_cluster:
+    return _fail(f"--gpus={config.gpus} works only in a local cluster started "
+                 "by launch/train.py without TF_CONFIG; in a deploy, remove "
+                 "it and give each learner task one GPU with "
+                 "CUDA_VISIBLE_DEVICES (docs/deploy.md, section 5).")
   if spec.task_type in ("ps", "worker"):
     if _port_in_use(spec.address):
       return _fail(f"port of {spec.task_type}:{spec.task_index} "

@@ -131,6 +131,23 @@ def test_cli_errors_are_one_line_before_any_server(tmp_path):
   assert bad.returncode == 2 and f"127.0.0.1:{port}) is already in use" in out
 
 
+@pytest.mark.parametrize("flag,fragment", [
+    ("--gpus=1", "--gpus=1 works only in a local cluster"),
+    ("--kill_task=worker:0@3", "--kill_task works only in a local cluster"),
+])
+def test_local_cluster_flags_are_refused_in_a_deploy(flag, fragment):
+  # The same command runs every task of a deploy: a flag that only the local
+  # launcher can honour is refused there, not ignored.
+  cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+             "ps": ["127.0.0.1:3"]}
+  bad = launch(SMALL_JOB + [flag], env_extra={"TF_CONFIG": json.dumps(
+      {"cluster": cluster, "task": {"type": "worker", "index": 0}})})
+  out, _ = bad.communicate(timeout=60)
+  assert bad.returncode == 2, out
+  last = out.strip().splitlines()[-1]
+  assert last.startswith(f"error: {fragment}") and "serving on" not in out
+
+
 def test_cores_are_shared_among_the_tasks_that_compute():
   threads = tf_environment.INTRA_OP_THREADS_VARIABLE
   assert tf_environment.share_cores({}, 2, cores=2) == {threads: "1"}
