@@ -3,7 +3,8 @@ r"""The prepared GPU check: 2 learners with one GPU each, in under 5 minutes.
   python -m launch.gpu_check [extra launch.train flags]
 
 Trains the small CNN on synthetic data with a local cluster of 1 ps and 2
-learners (`--gpus` = the GPUs nvidia-smi lists), and prints the GPUs each
+learners (`--gpus` = the GPUs nvidia-smi lists, or TensorFlow sees if
+more), and prints the GPUs each
 learner sees, the device each learner's compute ops (convolutions, matrix
 products and their gradients) were placed on, as TensorFlow's placer logged
 them in that learner's task, and each epoch's updates/s and examples/s.
@@ -73,8 +74,17 @@ class PlacementLog:
 
 
 def main(argv):
-  gpus = gpus_lib.nvidia_smi_gpus()
-  print(f"gpu_check: {gpus} GPU(s) found by nvidia-smi", flush=True)
+  driver_gpus = gpus_lib.nvidia_smi_gpus()
+  try:
+    tensorflow_gpus, _, version = gpus_lib.tensorflow_gpus(dict(os.environ))
+  except ValueError as error:
+    print(f"gpu_check: FAIL: {error}", flush=True)
+    return 2
+  print(f"gpu_check: nvidia-smi lists {driver_gpus} GPU(s); TensorFlow "
+        f"{version} sees {tensorflow_gpus}", flush=True)
+  # The larger count: GPUs the driver lists but TensorFlow cannot open make
+  # the launcher refuse with the fix, instead of a check that passes on CPU.
+  gpus = max(driver_gpus, tensorflow_gpus)
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   command = [sys.executable, "-m", "launch.train", "--model=small_cnn",
              "--dataset=synthetic", "--learners=2", "--ps_tasks=1",
