@@ -70,7 +70,7 @@ def shortage_message(requested, environment, tensorflow_gpus, driver_gpus,
   Args:
     requested: the --gpus value.
     environment: the launcher's environment (its CUDA_VISIBLE_DEVICES).
-    tensorflow_gpus: GPUs TensorFlow lists in this process.
+    tensorflow_gpus: GPUs TensorFlow lists here (`tensorflow_gpus()`).
     driver_gpus: GPUs nvidia-smi lists (the driver's view).
     built_with_cuda: tf.test.is_built_with_cuda().
     tensorflow_version: tf.__version__, for the message.
