@@ -10,6 +10,8 @@ extra, does).
 """
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -53,6 +55,12 @@ def _visible_shortage(requested, environment):
           f"list more GPUs in {CUDA_VISIBLE_DEVICES}.")
 
 
+def nvidia_driver_installed():
+  """Whether this machine has an NVIDIA driver (its tool or its /proc entry)."""
+  return (shutil.which("nvidia-smi") is not None
+          or os.path.exists("/proc/driver/nvidia"))
+
+
 def nvidia_smi_gpus():
   """GPUs the NVIDIA driver lists (`nvidia-smi -L`); 0 without a driver."""
   try:
@@ -83,7 +91,7 @@ def shortage_message(requested, environment, tensorflow_gpus, driver_gpus,
   fallback = ("pass --gpus=0 to train on the CPU" if tensorflow_gpus == 0
               else f"pass --gpus={tensorflow_gpus} or fewer")
   if tensorflow_gpus == 0 and driver_gpus > 0:
-    cause = (f"nvidia-smi lists {driver_gpus} but TensorFlow "
+    cause = (f"nvidia-smi lists {driver_gpus} while TensorFlow "
              f"{tensorflow_version} sees none: "
              + ("its CUDA 12 libraries are missing or do not load; install "
                 "them" if built_with_cuda else

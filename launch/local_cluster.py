@@ -102,8 +102,10 @@ def _die_with_parent():
 class Task:
   """One child process, its log streamed with a `[type:index]` prefix."""
 
-  def __init__(self, task_type, index, address, command, environment, out):
+  def __init__(self, task_type, index, address, command, environment, out,
+               drop_line=None):
     self.name = f"{task_type}:{index}"
+    self._drop_line = drop_line or (lambda line: False)
     self.address = address
     self.process = subprocess.Popen(
         command, env=environment, stdout=subprocess.PIPE,
@@ -115,6 +117,8 @@ class Task:
 
   def _stream(self):
     for line in self.process.stdout:
+      if self._drop_line(line):
+        continue
       self._out.write(f"[{self.name}] {line}")
       self._out.flush()
 
@@ -155,7 +159,9 @@ class LocalProcessCluster:
   Without GPUs, every task that computes (each learner, and the chief when
   `chief_computes`) gets an equal share of this machine's cores as its
   intra-op thread pool (`tf_environment.share_cores`), unless the
-  environment sets TF_NUM_INTRAOP_THREADS itself.
+  environment sets TF_NUM_INTRAOP_THREADS itself. On a machine without an
+  NVIDIA driver, the lines in which every task's TensorFlow says it found
+  no CUDA driver are left out of the streamed logs.
   """
 
   def __init__(self, command, num_learners, num_ps, gpus=0, out=sys.stdout,
@@ -175,6 +181,10 @@ class LocalProcessCluster:
                                               suffix=".json")
     os.close(handle)
     self._environment[PIDS_ENVIRONMENT_VARIABLE] = self.pids_path
+    # Without a driver, every task's notice that CUDA is absent is noise; with
+    # one, a failed cuInit is worth seeing.
+    self._drop_line = (None if gpus_lib.nvidia_driver_installed() else
+                       tf_environment.noise_on_machines_without_cuda)
     self.tasks = []
 
   def _environment_for(self, task_type, index):
@@ -200,7 +210,7 @@ class LocalProcessCluster:
   def _start(self, task_type, index):
     task = Task(task_type, index, self.cluster[task_type][index],
                 self._command, self._environment_for(task_type, index),
-                self._out)
+                self._out, self._drop_line)
     self.tasks.append(task)
     self._write_pids()
     return task

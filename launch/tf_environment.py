@@ -8,6 +8,7 @@ the machine. A variable the environment already sets is left as it is.
 """
 
 import os
+import re
 
 # Quiets TensorFlow's C++ start-up logging.
 LOG_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
@@ -32,6 +33,24 @@ PRINT_DEVICES_VARIABLE = "RUDRA_PRINT_DEVICES"
 # learners that share a GPU (more learners than GPUs) then starve each other.
 # "true" makes each take only what it uses.
 GPU_ALLOW_GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"
+
+
+# What every TensorFlow process prints as it starts on a machine without an
+# NVIDIA driver, whatever TF_CPP_MIN_LOG_LEVEL says (absl logs to stderr
+# before it is initialized): a CPU-only machine needs no driver, so the
+# local launcher drops these lines there (`noise_on_machines_without_cuda`).
+_STARTUP_LINES_WITHOUT_CUDA = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called "
+    r"are written to STDERR"
+    r"|I\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda "
+    r"drivers on your machine, GPU will not be used\."
+    r"|E\d{4} [\d:.]+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit: "
+    r".*)$")
+
+
+def noise_on_machines_without_cuda(line):
+  """Whether `line` is TensorFlow's start-up notice that CUDA is absent."""
+  return _STARTUP_LINES_WITHOUT_CUDA.match(line.rstrip("\n")) is not None
 
 
 def apply_defaults(environment=None):

@@ -233,13 +233,13 @@ def test_learners_get_the_gpus_the_launchers_cuda_visible_devices_lists():
     # The driver lists GPUs that TensorFlow cannot open: the fix is the
     # CUDA libraries, not the flag.
     (2, {}, 0, 2, True,
-     "--gpus=2 asks for 2 GPU(s), but nvidia-smi lists 2 but TensorFlow "
+     "--gpus=2 asks for 2 GPU(s), but nvidia-smi lists 2 while TensorFlow "
      "2.21.0 sees none: its CUDA 12 libraries are missing or do not load; "
      "install them with pip install -e '.[gpu]' "
      "(tensorflow[and-cuda]==2.21.*), or pass --gpus=0 to train on the "
      "CPU."),
     (1, {}, 0, 1, False,
-     "--gpus=1 asks for 1 GPU(s), but nvidia-smi lists 1 but TensorFlow "
+     "--gpus=1 asks for 1 GPU(s), but nvidia-smi lists 1 while TensorFlow "
      "2.21.0 sees none: it is built without CUDA; install TensorFlow's "
      "CUDA build with pip install -e '.[gpu]' "
      "(tensorflow[and-cuda]==2.21.*), or pass --gpus=0 to train on the "
@@ -271,6 +271,23 @@ def test_more_gpus_than_tensorflow_sees_are_refused_before_any_server():
   assert "pass --gpus=" in last and "serving on" not in out, out
 
 
+def test_cuda_start_up_notices_are_recognized_and_nothing_else():
+  noise = tf_environment.noise_on_machines_without_cuda
+  # Printed by TensorFlow 2.21 on a machine without an NVIDIA driver.
+  assert noise("WARNING: All log messages before absl::InitializeLog() is "
+               "called are written to STDERR\n")
+  assert noise("I0000 00:00:1796174480.384089   29545 cudart_stub.cc:31] "
+               "Could not find cuda drivers on your machine, GPU will not be "
+               "used.\n")
+  assert noise("E0000 00:00:1796174487.330847   29543 cuda_platform.cc:52] "
+               "failed call to cuInit: INTERNAL: CUDA error: Failed call to "
+               "cuInit: UNKNOWN ERROR (303)\n")
+  assert not noise("E0000 00:00:1796174487.330847   29543 "
+                   "coordinator.cc:1] a real error\n")
+  assert not noise("epoch 1/4: loss 0.7519 accuracy 0.7211\n")
+  assert not noise("ps:0 serving on 127.0.0.1:37325\n")
+
+
 def test_local_cluster_trains_and_leaves_no_process(tmp_path):
   results = tmp_path / "results.json"
   job = launch(SMALL_JOB + [f"--results={results}",
@@ -288,6 +305,8 @@ def test_local_cluster_trains_and_leaves_no_process(tmp_path):
   for task in ("[ps:0]", "[worker:0]", "[worker:1]", "[chief:0]"):
     assert task in output
   assert "[chief:0] epoch 1/1: loss" in output and "staleness mean" in output
+  if not gpus.nvidia_driver_installed():  # as on this project's machines
+    assert "cudart_stub" not in output and "cuInit" not in output, output
   saved = json.loads(results.read_text())
   assert saved["gradients"] == 12 and saved["updates"] == 12
   assert sum(saved["staleness_histogram"]) == 12
