@@ -38,17 +38,19 @@ def learner_device_id(learner, gpus, environment):
   under CUDA_VISIBLE_DEVICES, those are the first `gpus` ids it lists (a
   user who set CUDA_VISIBLE_DEVICES=2,3 keeps GPUs 0 and 1 free).
   """
+  message = _visible_shortage(gpus, environment)
+  if message:
+    raise ValueError(message)
   allowed = visible_device_ids(environment)
   slot = learner % gpus
-  if allowed is None:
-    return str(slot)
-  if gpus > len(allowed):
-    raise ValueError(_visible_shortage(gpus, environment))
-  return allowed[slot]
+  return str(slot) if allowed is None else allowed[slot]
 
 
 def _visible_shortage(requested, environment):
+  """Why CUDA_VISIBLE_DEVICES cannot give `requested` GPUs, or None."""
   allowed = visible_device_ids(environment)
+  if allowed is None or requested <= len(allowed):
+    return None
   return (f"--gpus={requested} asks for {requested} GPU(s), but "
           f"{CUDA_VISIBLE_DEVICES}={environment[CUDA_VISIBLE_DEVICES]!r} "
           f"allows {len(allowed)}; pass --gpus={len(allowed)} or fewer, or "
@@ -83,11 +85,9 @@ def shortage_message(requested, environment, tensorflow_gpus, driver_gpus,
     built_with_cuda: tf.test.is_built_with_cuda().
     tensorflow_version: tf.__version__, for the message.
   """
-  allowed = visible_device_ids(environment)
-  if allowed is not None and requested > len(allowed):
-    return _visible_shortage(requested, environment)
-  if requested <= tensorflow_gpus:
-    return None
+  visible_shortage = _visible_shortage(requested, environment)
+  if visible_shortage or requested <= tensorflow_gpus:
+    return visible_shortage
   fallback = ("pass --gpus=0 to train on the CPU" if tensorflow_gpus == 0
               else f"pass --gpus={tensorflow_gpus} or fewer")
   if tensorflow_gpus == 0 and driver_gpus > 0:
@@ -134,9 +134,6 @@ def check_gpus(requested, environment):
   """
   if requested <= 0:
     return
-  allowed = visible_device_ids(environment)
-  if allowed is not None and requested > len(allowed):
-    raise ValueError(_visible_shortage(requested, environment))
   seen, built_with_cuda, version = tensorflow_gpus(environment)
   message = shortage_message(requested, environment, seen, nvidia_smi_gpus(),
                              built_with_cuda, version)
