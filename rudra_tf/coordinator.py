@@ -13,8 +13,12 @@ the pushes its first run had already made would be applied a second time.
 Every scheduled closure gets a key (k, k+1, ..., from a random base k) and a
 limit, the number of pushes one run of it makes; each shard accepts at most
 `limit` pushes per key and counts the rest as duplicates
-(`StalenessReport.duplicates`). So each scheduled training step contributes
-exactly one gradient, whichever run delivered it. The limit is 1 for a
+(`StalenessReport.duplicates`). TF puts a closure back for a re-run at the
+end of its queue, however many closures wait there; before it does, every
+shard pins the closure's key (push_keys.py), so its re-run is checked
+against what its earlier runs pushed however late it comes. So each
+scheduled training step contributes exactly one gradient, whichever run
+delivered it. The limit is 1 for a
 function with one training step, the `steps_per_execution` argument for
 tf_keras's multi-step train function, and -1 (no de-duplication) when it
 cannot be known (several `strategy.run` calls, or one inside a loop of
@@ -27,6 +31,7 @@ import itertools
 import random
 import re
 import threading
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.distribute import input_lib
@@ -191,6 +196,7 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
       self._first_key = first_push_key()
       self._next_key = itertools.count(self._first_key)
       self._watch_learner_failures()
+      self._pin_keys_of_closures_put_back()
       self._explain_exhausted_inputs()
     if getattr(self, "_barrier_opener", None) is not None and \
         self._nothing_runs():
@@ -225,6 +231,35 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
                          name="rudra-release-learner").start()
         put_back(closure, error)
       worker._on_closure_failure = on_closure_failure
+
+  def _pin_keys_of_closures_put_back(self):
+    """Pins a keyed closure's push key on every shard before TF re-runs it.
+
+    Every re-run goes through `closure_queue.put_back`: after a learner's
+    death (`_on_closure_failure`) and after a transient error (straight from
+    the learner's closure thread). The pin runs inside it, so it is recorded
+    before the closure can run again and before that learner gets its next
+    closure (push_keys.py says why both matter). The keys of scheduled
+    closures are noted as TF queues them (`closure_queue.put`).
+    """
+    # pylint: disable=protected-access
+    queue = self._cluster.closure_queue
+    put, put_back = queue.put, queue.put_back
+    key_of = self._key_of_closure = weakref.WeakKeyDictionary()
+
+    def put_noting_key(closure, tag=None):
+      key = getattr(_state, "scheduling_key", None)
+      if key is not None and tag is None:
+        key_of[closure] = key
+      return put(closure, tag)
+
+    def put_back_pinned(closure):
+      key = key_of.get(closure)
+      if key is not None:
+        self.strategy._pin_push_key(key)
+      return put_back(closure)
+    queue.put = put_noting_key
+    queue.put_back = put_back_pinned
 
   def _open_barriers_while_cancelling(self):
     """Keeps a failed hardsync fit's cancellation from waiting forever.
@@ -295,10 +330,14 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
   def _schedule_keyed(self, keyed, key, args, kwargs):
     """Schedules a keyed function; the key of a re-run equals the first's."""
     limit = keyed.limit(tuple(args or ()))
-    return super().schedule(
-        keyed.function, args=(tf.constant(key, tf.int64),
-                              tf.constant(limit, tf.int64)) + tuple(args or ()),
-        kwargs=kwargs)
+    _state.scheduling_key = key  # for put_noting_key
+    try:
+      return super().schedule(
+          keyed.function, args=(tf.constant(key, tf.int64),
+                                tf.constant(limit, tf.int64)) +
+          tuple(args or ()), kwargs=kwargs)
+    finally:
+      _state.scheduling_key = None
 
   def _keyed_function(self, fn):
     """The keyed wrapper of a function scheduled before (tests)."""

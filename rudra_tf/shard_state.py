@@ -13,98 +13,37 @@ sequence of pushes:
 
     timestamp * c + pending == received - dropped
 
-One ledger, one write. TensorFlow aborts a dead learner's step on the ps
-part-way: ops of a locked section that had not run yet never run (seen in
-fault tests: an update applied whose counters were never written; a hardsync
-token taken and never recorded, which hung the barrier). So every counter of
-a shard (clock, pending, received, histogram, hardsync tokens, the push keys
-seen, ...) lives in ONE int64 vector, the ledger, and each locked section
-changes it with exactly one write, computed from one read. A section cut
-short therefore either happened entirely, as far as the counters go, or not
-at all. The ledger is written before the gradient touches the weights: a cut
-after the write loses (part of) that one gradient, and a cut before it leaves
-nothing recorded, so TensorFlow's re-run of the closure delivers it. No
-gradient is applied twice, and the invariant above holds exactly.
+One ledger, one write (ledger.py): every counter of a shard (clock,
+pending, received, histogram, hardsync tokens, the push keys seen, ...)
+lives in one int64 vector, and each locked section changes it with exactly
+one write computed from one read, so a section TensorFlow cuts short either
+happened entirely, as far as the counters go, or not at all. The ledger is
+written before the gradient touches the weights: a cut after the write loses
+(part of) that one gradient, and a cut before it leaves nothing recorded, so
+TensorFlow's re-run of the closure delivers it. A re-run's pushes that the
+first run had delivered are refused (push_keys.py). No gradient is applied
+twice, and the invariant above holds exactly.
 
 The protocol rules themselves come from `protocol.py`.
 """
 
 import tensorflow as tf
 
+from rudra_tf import ledger as ledger_lib
 from rudra_tf import packing
 from rudra_tf import protocol as protocol_lib
+from rudra_tf import push_keys
 from rudra_tf import sparse
 from rudra_tf import variables as variables_lib
 
-_INT = tf.int64
-# Push keys a shard remembers, to refuse a re-run closure's pushes: a closure
-# that TF re-runs is put back at the front of the queue, so its keys come
-# back within about λ closures; 1024 slots leave a wide margin.
-PUSH_KEY_SLOTS = 1024
+_INT = ledger_lib.INT
+LedgerLayout = ledger_lib.LedgerLayout
+_Changes = ledger_lib.Changes
+_one = ledger_lib.one
 # Spare hardsync wake-ups rung when a learner dies: a wake-up the dead
 # learner had taken without recording it is lost with it; spares only cost
 # a waiting pull one more look at the ledger.
 _SPARE_WAKEUPS_PER_LEARNER = 1
-
-
-class LedgerLayout:
-  """Where each counter lives in a shard's ledger vector.
-
-  [timestamp, pending, received, dropped, duplicates, σ sum, σ max,
-   available hardsync tokens, histogram (bins), gradients per learner (λ),
-   hardsync tokens each learner holds (λ), push keys seen (PUSH_KEY_SLOTS),
-   pushes seen per key (PUSH_KEY_SLOTS)]
-  """
-  (TIMESTAMP, PENDING, RECEIVED, DROPPED, DUPLICATES, STALENESS_SUM,
-   STALENESS_MAX, AVAILABLE) = range(8)
-
-  def __init__(self, bins, num_learners, key_slots=PUSH_KEY_SLOTS):
-    self.bins = bins
-    self.num_learners = num_learners
-    self.histogram = 8
-    self.learners = self.histogram + bins
-    self.holding = self.learners + num_learners
-    self.seen_keys = self.holding + num_learners
-    self.seen_counts = self.seen_keys + key_slots
-    self.size = self.seen_counts + key_slots
-
-  def initial(self):
-    """A fresh ledger: no key seen yet (-1), every counter 0."""
-    values = [0] * self.size
-    values[self.seen_keys:self.seen_counts] = [-1] * (
-        self.seen_counts - self.seen_keys)
-    return tf.constant(values, _INT)
-
-
-class _Changes:
-  """Changes to a ledger, turned into its new value by one op."""
-
-  def __init__(self, old):
-    self.old = old
-    self._indices = []
-    self._deltas = []
-
-  def add(self, index, delta):
-    self._indices.append(tf.cast(index, _INT))
-    self._deltas.append(tf.cast(delta, _INT))
-
-  def set(self, index, value, when=True):
-    """ledger[index] = value (if `when`, a bool tensor or True)."""
-    delta = tf.cast(value, _INT) - self.old[index]
-    self.add(index, delta if when is True else
-             tf.where(when, delta, tf.zeros_like(delta)))
-
-  def new_value(self):
-    if not self._indices:
-      return self.old
-    return tf.tensor_scatter_nd_add(
-        self.old, tf.reshape(tf.stack(self._indices), [-1, 1]),
-        tf.stack(self._deltas))
-
-
-def _one(flag):
-  """1 where a bool tensor is True, else 0 (int64)."""
-  return tf.cast(flag, _INT)
 
 
 def _after_all_ops(fn):
@@ -264,6 +203,21 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     with tf.device(self.device):
       self._lock.execute(add_tokens, exclusive_resource_access=False)
       self._ring(tf.constant(count, _INT))
+
+  def pin_push_key(self, key):
+    """Remembers closure `key`'s pushes until its re-run (eager, chief).
+
+    Called as TensorFlow puts a closure back for another run; see
+    push_keys.py. Returns True if the key was not pinned before.
+    """
+    def pin():
+      changes = _Changes(self.ledger.read_value())
+      new = push_keys.pin(changes, self._layout, tf.constant(key, _INT))
+      self._commit(changes)
+      return new
+    with tf.device(self.device):
+      return bool(self._lock.execute(
+          pin, exclusive_resource_access=False).numpy())
 
   def _read_ledger(self):
     """The ledger as numpy, read eagerly under the lock."""
@@ -460,11 +414,10 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
         else tf.constant(False)
     fresh = tf.constant(True)
     if push_key is not None:
-      slot = push_key.key % PUSH_KEY_SLOTS
-      seen_count = old[layout.seen_counts + slot]
-      same_key = tf.equal(old[layout.seen_keys + slot], push_key.key)
-      fresh = ((push_key.limit < 0) | tf.logical_not(same_key) |
-               (seen_count < push_key.limit))
+      if learner is None:
+        raise ValueError("A keyed push needs the pushing learner's index.")
+      key_seen = push_keys.seen(layout, old, push_key.key, learner)
+      fresh = push_keys.fresh(key_seen, push_key.limit)
     delivered = fresh & tf.logical_not(stale)
     accepted = delivered
     if max_staleness is not None:
@@ -490,10 +443,8 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
                 when=accepted)
     changes.add(LedgerLayout.TIMESTAMP, _one(complete))
     if push_key is not None:
-      changes.set(layout.seen_keys + slot, push_key.key, when=delivered)
-      changes.set(layout.seen_counts + slot,
-                  tf.where(same_key, seen_count + 1, tf.ones_like(seen_count)),
-                  when=delivered)
+      push_keys.record(changes, layout, push_key.key, learner, key_seen,
+                       delivered)
     tokens_back = tf.constant(0, _INT)
     if self._wakeups is not None:
       # A dead incarnation's token was given back when it was released;

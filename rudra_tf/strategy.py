@@ -408,6 +408,16 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
                         "shard %d; released them for the re-run", learner,
                         released, shard.index)
 
+  def _pin_push_key(self, key):
+    """Keeps closure `key`'s pushes counted until TF runs it again (chief
+    side, called as TF puts the closure back; push_keys.py)."""
+    for shard in self._shards or ():
+      try:
+        shard.pin_push_key(key)
+      except tf.errors.OpError as error:  # the ps is gone: TF reports it
+        logging.warning("could not pin push key %d on shard %d: %s", key,
+                        shard.index, error)
+
   def _open_barriers(self):
     """Lets waiting hardsync pulls through while a failed fit's closures
     are cancelled (chief side); False once a ps cannot be reached."""

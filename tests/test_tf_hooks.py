@@ -347,3 +347,31 @@ def test_intra_op_threads_variable_reaches_a_servers_devices():
   assert result.returncode == 0, result.stderr[-2000:]
   cores = float(result.stdout.split()[-1])
   assert cores < 1.2, cores
+
+
+def test_closure_queue_hooks_behind_push_key_pins():
+  # RudraCoordinator wraps the closure queue's put(closure, tag=None), where
+  # Cluster.schedule queues each closure, and put_back(closure), through
+  # which both re-run paths go (a learner's death, a transient error).
+  from tensorflow.python.distribute.coordinator import cluster_coordinator
+  queue_class = cluster_coordinator._CoordinatedClosureQueue  # pylint: disable=protected-access
+  assert list(inspect.signature(queue_class.put).parameters) == [
+      "self", "closure", "tag"]
+  assert list(inspect.signature(queue_class.put_back).parameters) == [
+      "self", "closure"]
+  assert "self.closure_queue.put(closure)" in inspect.getsource(
+      cluster_coordinator.Cluster.schedule)
+  process = inspect.getsource(cluster_coordinator.Worker._process_closure)
+  assert "lambda: self._cluster.closure_queue.put_back(closure)" in process
+  # Why the pins exist: a put-back closure runs AFTER every closure queued
+  # before it, however many (a FIFO queue, not the front).
+  queue = queue_class()
+  first, second, third = (cluster_coordinator.Closure(
+      lambda: None, queue._cancellation_mgr) for _ in range(3))  # pylint: disable=protected-access
+  queue.put(first)
+  queue.put(second)
+  assert queue.get() is first
+  queue.put(third)
+  queue.put_back(first)
+  assert [queue.get(), queue.get(), queue.get()] == [second, third, first]
+  queue.stop()
