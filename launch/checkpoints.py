@@ -10,13 +10,16 @@ unreadable files, gets a one-line error and is left exactly as it was.
 import json
 import os
 import re
+import tempfile
 
 RUN_FILE = "rudra_run.json"
 # Flags a resumed run must share with the run that wrote the checkpoint:
 # the variables (model, dataset shapes), the shard state (protocol, λ, ps
-# tasks) and the meaning of the saved counters and slots (lr_policy).
+# tasks), the meaning of the saved counters and slots (lr_policy) and of a
+# checkpoint's number, the steps trained (steps_per_epoch, and minibatch,
+# from which the default steps_per_epoch follows).
 MUST_MATCH = ("model", "dataset", "protocol", "num_learners", "num_ps",
-              "lr_policy")
+              "lr_policy", "steps_per_epoch", "minibatch")
 
 
 def run_identity(config):
@@ -54,11 +57,27 @@ def missing_files(prefix):
                     for k in range(total) if k not in found]
 
 
+def check_writable(directory):
+  """Creates `directory` if needed and writes a file there, or raises
+  ValueError saying why it cannot be used."""
+  try:
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryFile(dir=directory):
+      pass
+  except OSError as error:
+    raise ValueError(
+        f"--checkpoint_dir={directory} cannot be created or written "
+        f"({error.strerror or error}); give a folder this task can write "
+        "(on a real cluster, one every task shares).") from None
+
+
 def check_resumable(config):
-  """Raises ValueError unless `config` can resume from its checkpoint_dir."""
+  """Raises ValueError unless `config` can resume from its checkpoint_dir
+  (a directory that does not exist yet must be creatable and writable)."""
   directory = config.checkpoint_dir
-  if not directory or not os.path.isdir(directory):
+  if not directory:
     return
+  check_writable(directory)
   latest = latest_checkpoint(directory)
   if latest is not None:
     missing = missing_files(latest)

@@ -75,6 +75,9 @@ class KillTaskAtStep(tf_keras.callbacks.Callback):
     self._awaiting_rejoin = {}  # "worker:1" -> the pid that was killed
 
   def on_train_begin(self, logs=None):
+    # A resumed run may call fit twice (the rest of an epoch, then the
+    # others): the watch goes on in each.
+    self._done.clear()
     if self._pending and self._thread is None:
       self._thread = threading.Thread(target=self._watch, daemon=True,
                                       name="rudra-fault-injection")
@@ -87,6 +90,7 @@ class KillTaskAtStep(tf_keras.callbacks.Callback):
     self._done.set()
     if self._thread is not None:
       self._thread.join()
+      self._thread = None
     self._wait_for_rejoins()
 
   def _watch(self):

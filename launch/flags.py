@@ -39,7 +39,14 @@ def define_flags():
   flags.DEFINE_integer("max_staleness", None, "Drop gradients staler than "
                        "this (default: keep all).")
   flags.DEFINE_string("checkpoint_dir", None, "Save each epoch; resume from "
-                      "the latest checkpoint found here.")
+                      "the latest checkpoint found here (also from the "
+                      "middle of an epoch).")
+  flags.DEFINE_integer("checkpoint_every_steps", None, "Also save inside "
+                       "epochs, whenever this many more steps were trained "
+                       "(needs --checkpoint_dir).")
+  flags.DEFINE_float("checkpoint_every_secs", None, "Also save inside "
+                     "epochs, when this many seconds passed since the last "
+                     "save (needs --checkpoint_dir).")
   # absl.logging already defines --log_dir (for log files it writes only on
   # request); the same flag names where TensorBoard logs and the PNG go.
   if "log_dir" not in flags.FLAGS:
@@ -99,6 +106,8 @@ class TrainConfig:
   learner_restarts: int = 3
   kill_tasks: tuple = ()  # (task type, index, step) entries
   save_model: str = None  # a .keras path, or None
+  checkpoint_every_steps: int = None  # also save inside epochs
+  checkpoint_every_secs: float = None
 
   def learner_step_time_s(self, learner):
     """The emulated compute time of `learner`'s steps, in seconds."""
@@ -191,6 +200,12 @@ def resolve_config(values, num_learners, num_ps):
   _require(values.learner_restarts >= 0, "--learner_restarts must be >= 0, "
            f"got {values.learner_restarts}.")
   protocol_lib.validate_max_staleness(values.max_staleness)
+  for name in ("checkpoint_every_steps", "checkpoint_every_secs"):
+    value = getattr(values, name)
+    _require(value is None or value > 0, f"--{name} must be > 0, got "
+             f"{value}.")
+    _require(value is None or values.checkpoint_dir, f"--{name}={value} "
+             "needs --checkpoint_dir (where the checkpoints go).")
   minibatch = resolve_minibatch(values.minibatch, values.global_batch,
                                 num_learners)
   if values.dataset == "fashion_mnist":
@@ -214,7 +229,9 @@ def resolve_config(values, num_learners, num_ps):
           values.emulated_step_ms, num_learners),
       learner_restarts=values.learner_restarts,
       kill_tasks=resolve_kill_tasks(values.kill_task, num_learners, num_ps),
-      save_model=resolve_save_model(values.save_model, values.log_dir))
+      save_model=resolve_save_model(values.save_model, values.log_dir),
+      checkpoint_every_steps=values.checkpoint_every_steps,
+      checkpoint_every_secs=values.checkpoint_every_secs)
 
 
 def resolve_save_model(path, log_dir):

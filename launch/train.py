@@ -131,6 +131,7 @@ def run_chief(config, spec):
   import models  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
   from launch import telemetry  # pylint: disable=g-import-not-at-top
+  from rudra_tf import checkpointing  # pylint: disable=g-import-not-at-top
   from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
 
   tf_keras.utils.set_random_seed(config.seed)
@@ -161,16 +162,15 @@ def run_chief(config, spec):
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"],
                   steps_per_execution=config.steps_per_execution)
-    epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
   callbacks = []
-  initial_epoch = 0
+  steps_done = 0
   if config.checkpoint_dir:
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                     epochs_done=epochs_done)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(checkpoint, config.checkpoint_dir,
                                          max_to_keep=3)
     if manager.latest_checkpoint:
       try:
+        steps_done = checkpointing.steps_done(manager.latest_checkpoint)
         checkpoint.restore(
             manager.latest_checkpoint).assert_existing_objects_matched()
       except Exception as error:  # pylint: disable=broad-except
@@ -182,19 +182,16 @@ def run_chief(config, spec):
             "another model. Nothing was changed; use another "
             "--checkpoint_dir.") from None
       optimizer.build(model.trainable_variables)
-      initial_epoch = int(epochs_done.numpy())
-      print(f"resumed from {manager.latest_checkpoint} after epoch "
-            f"{initial_epoch}", flush=True)
-
+      epoch, step = checkpointing.position(steps_done, steps_per_epoch)
+      where = (f"after epoch {epoch}" if not step else
+               f"in epoch {epoch + 1}, after step {step} of "
+               f"{steps_per_epoch}")
+      print(f"resumed from {manager.latest_checkpoint} {where}", flush=True)
     checkpoints.record_run(config)
-
-    class SaveEachEpoch(tf_keras.callbacks.Callback):
-
-      def on_epoch_end(self, epoch, logs=None):
-        epochs_done.assign(epoch + 1)
-        print(f"saved {manager.save()}", flush=True)
-
-    callbacks.append(SaveEachEpoch())
+    callbacks.append(checkpointing.PeriodicCheckpoint(
+        manager, every_steps=config.checkpoint_every_steps,
+        every_secs=config.checkpoint_every_secs, initial_steps=steps_done,
+        out=lambda line: print(line, flush=True)))
   if config.kill_tasks:
     from launch import faults  # pylint: disable=g-import-not-at-top
     callbacks.append(faults.KillTaskAtStep(
@@ -203,15 +200,24 @@ def run_chief(config, spec):
   progress = telemetry.ProgressCallback(
       strategy, config.minibatch, config.epochs, log_dir=config.log_dir,
       out=lambda line: print(line, flush=True))
+  # Each learner's data goes on after the batches it has trained on (its
+  # gradient count, restored with a checkpoint): a resumed run continues
+  # every learner's stream instead of starting it again.
+  trained_batches = [0] * config.num_learners
   creator = tf_keras.utils.experimental.DatasetCreator(
       lambda context: datasets.with_step_time(
-          data.learner_dataset(context, config.minibatch, seed=config.seed),
+          data.learner_dataset(context, config.minibatch, seed=config.seed)
+          .skip(trained_batches[context.input_pipeline_id]),
           config.learner_step_time_s(context.input_pipeline_id)))
   start = time.monotonic()
   try:
-    model.fit(creator, epochs=config.epochs, initial_epoch=initial_epoch,
-              steps_per_epoch=steps_per_epoch, verbose=0,
-              callbacks=[progress] + callbacks)
+    for segment in checkpointing.fit_segments(steps_done, config.epochs,
+                                              steps_per_epoch):
+      trained_batches[:] = strategy.staleness_report().learner_gradients
+      model.fit(creator, verbose=0, callbacks=[progress] + callbacks,
+                **segment)
+      if model.stop_training:
+        break
   except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
     raise ParameterServerLostError(_lost_ps_tasks(error)) from error
   wall_time_s = time.monotonic() - start

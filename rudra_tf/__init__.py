@@ -14,14 +14,17 @@ _LAZY = {
     "LocalCluster": "rudra_tf.cluster",
     "StalenessReport": "rudra_tf.report",
     "StalenessLogger": "rudra_tf.callbacks",
+    "PeriodicCheckpoint": "rudra_tf.checkpointing",
 }
 
-__all__ = sorted(_LAZY) + ["protocol"]
+_MODULES = ("protocol", "checkpointing")
+
+__all__ = sorted(_LAZY) + list(_MODULES)
 
 
 def __getattr__(name):
   if name in _LAZY:
     return getattr(importlib.import_module(_LAZY[name]), name)
-  if name == "protocol":
-    return importlib.import_module("rudra_tf.protocol")
+  if name in _MODULES:
+    return importlib.import_module(f"rudra_tf.{name}")
   raise AttributeError(f"module 'rudra_tf' has no attribute {name!r}")

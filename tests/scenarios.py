@@ -578,9 +578,12 @@ def rerun_closures(protocol="async", consistent_pulls=True, steps=3,
   coordinator.join()
   keyed = coordinator._keyed_function(closure)  # pylint: disable=protected-access
   first_key = coordinator._first_key  # pylint: disable=protected-access
-  for closure_number in reruns:  # as TF does after a worker failure
-    coordinator._schedule_keyed(  # pylint: disable=protected-access
-        keyed, first_key + closure_number - 1, args, None)
+  for closure_number in reruns:
+    # As TF's put_back does after a worker failure (with RudraCoordinator's
+    # hook): pin the key on every shard, then queue the closure again.
+    key = first_key + closure_number - 1
+    strategy._pin_push_key(key)  # pylint: disable=protected-access
+    coordinator._schedule_keyed(keyed, key, args, None)  # pylint: disable=protected-access
   coordinator.join()
   return {"w": float(np.asarray(w.read_value())), "report": _report(strategy),
           "limit": keyed.limit(args)}

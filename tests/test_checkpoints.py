@@ -18,6 +18,7 @@ JOB = ["--model=mlp", "--dataset=synthetic", "--learners=2", "--ps_tasks=1",
 def config(directory, **overrides):
   values = dict(model="mlp", dataset="synthetic", protocol="async",
                 num_learners=2, num_ps=1, lr_policy="divide_by_n",
+                steps_per_epoch=10, minibatch=8,
                 checkpoint_dir=str(directory))
   values.update(overrides)
   return types.SimpleNamespace(**values)
@@ -51,6 +52,10 @@ def test_a_fresh_or_matching_directory_is_accepted(tmp_path):
     (dict(num_learners=3), "num_learners 2 there, 3 now"),
     (dict(num_ps=2), "num_ps 1 there, 2 now"),
     (dict(lr_policy="none"), "lr_policy 'divide_by_n' there, 'none' now"),
+    # A checkpoint's number counts steps: epochs of another length (or of
+    # another μ, which sets the default length) would misplace it.
+    (dict(steps_per_epoch=20), "steps_per_epoch 10 there, 20 now"),
+    (dict(minibatch=16), "minibatch 8 there, 16 now"),
 ])
 def test_a_different_run_is_refused(tmp_path, change, fragment):
   fake_checkpoint(tmp_path)
@@ -108,3 +113,22 @@ def test_the_launcher_refuses_before_any_server_and_changes_nothing(tmp_path):
   assert "error: cannot resume from" in out and "Nothing was changed" in out
   assert "epoch 2/2" not in out
   assert fingerprint(directory) == saved
+
+
+@pytest.mark.parametrize("directory", ["/proc/nope", "/dev/null/ckpt"])
+def test_a_directory_that_cannot_be_written_is_refused_before_any_server(
+    directory):
+  job = launch(JOB + [f"--checkpoint_dir={directory}"])
+  out, _ = job.communicate(timeout=60)
+  assert job.returncode == 2, out
+  assert out.startswith(f"error: --checkpoint_dir={directory} cannot be "
+                        "created or written ("), out
+  assert "give a folder this task can write" in out
+  assert "[ps:0]" not in out and "[chief:0]" not in out
+  assert "Traceback" not in out and "resume" not in out
+
+
+def test_a_writable_directory_is_created_by_the_check(tmp_path):
+  directory = tmp_path / "new" / "ckpt"
+  checkpoints.check_resumable(config(directory))
+  assert directory.is_dir() and not os.listdir(directory)
