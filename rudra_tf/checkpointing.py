@@ -181,8 +181,9 @@ class PeriodicCheckpoint(tf_keras.callbacks.Callback):
     if self._coordinator is None or logs is None:
       return
     self._in_flight.append(logs)
-    learners = self.model.distribute_strategy.cluster_resolver.cluster_spec(
-    ).num_tasks("worker")
+    strategy = self.model.distribute_strategy
+    learners = getattr(strategy, "num_learners", None) or (
+        strategy._num_workers)  # pylint: disable=protected-access
     ahead = SCHEDULED_AHEAD_PER_LEARNER * learners
     while len(self._in_flight) > ahead:
       for value in tf.nest.flatten(self._in_flight.popleft()):

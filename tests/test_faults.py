@@ -13,9 +13,12 @@ What each test asserts, whatever the timing of the kill:
   on the ps was recorded entirely or not at all: the shard's ledger), and
   the restarted learner serves again;
 * a ps or chief death stops the job with an error naming it, and the same
-  command (without the injected fault) resumes from the last checkpoint:
-  the counters continue from the checkpoint, so they end at the same exact
+  command (without the injected fault) resumes from the last checkpoint,
+  also one from the middle of an epoch (--checkpoint_every_steps): the
+  counters continue from the checkpoint, so they end at the same exact
   totals as an uninterrupted run.
+
+Kills at random moments, from outside the job: tests/test_chaos.py.
 """
 
 import json
@@ -97,24 +100,34 @@ class FaultToleranceMixin:
     print(f"{protocol}: learner gradients {saved['learner_gradients']}, "
           f"duplicates refused {saved['duplicates']}")
 
-  @pytest.mark.parametrize("task,message", [
-      ("ps:0", "task ps:0 exited with code -9 before the chief finished; run "
-               "the same command again with the same --checkpoint_dir"),
-      ("chief:0", "the chief exited with code -9; stopped every task. Run the "
-                  "same command again with the same --checkpoint_dir"),
+  @pytest.mark.parametrize("task,step,message,resumed", [
+      # Killed mid-epoch 2: the run resumes from the checkpoint of step 700
+      # (saved every 100 steps), inside epoch 2.
+      ("ps:0", 750,
+       "task ps:0 exited with code -9 before the chief finished; run the "
+       "same command again with the same --checkpoint_dir",
+       "ckpt-700 in epoch 2, after step 200 of 500"),
+      # Killed before step 600's save: epoch 1's end is the latest.
+      ("chief:0", 550,
+       "the chief exited with code -9; stopped every task. Run the same "
+       "command again with the same --checkpoint_dir",
+       "ckpt-500 after epoch 1"),
   ])
   def test_a_killed_task_stops_the_job_and_the_same_command_resumes(
-      self, tmp_path, task, message):
-    checkpoint = f"--checkpoint_dir={tmp_path / 'checkpoints'}"
-    # Killed in epoch 2, after epoch 1 was saved.
-    code, output, _ = self.run_job(tmp_path, checkpoint,
-                                   f"--kill_task={task}@750")
+      self, tmp_path, task, step, message, resumed):
+    checkpoint = (f"--checkpoint_dir={tmp_path / 'checkpoints'}",
+                  "--checkpoint_every_steps=100")
+    code, output, _ = self.run_job(tmp_path, *checkpoint,
+                                   f"--kill_task={task}@{step}")
     assert code != 0, output
     assert message in output, output[-2000:]
-    code, output, saved = self.run_job(tmp_path, checkpoint)
+    code, output, saved = self.run_job(tmp_path, *checkpoint)
     assert code == 0, output
-    assert "resumed from" in output and "after epoch 1" in output
+    assert f"resumed from {tmp_path / 'checkpoints'}/{resumed}" in output, (
+        output[-2000:])
     assert "epoch 2/2" in output and "epoch 1/2" not in output
+    # No step trained twice, none skipped: the totals of an uninterrupted
+    # run, with the histogram and the clock carried on from the checkpoint.
     self.assert_exact_totals(saved, 1000)
 
 

@@ -32,7 +32,8 @@ def flag_values(**overrides):
                 epochs=1, steps_per_epoch=None, max_staleness=None,
                 checkpoint_dir=None, log_dir=None, results=None, seed=0,
                 gpus=0, steps_per_execution=1, emulated_step_ms=[],
-                learner_restarts=3, kill_task=[], save_model=None)
+                learner_restarts=3, kill_task=[], save_model=None,
+                checkpoint_every_steps=None, checkpoint_every_secs=None)
   values.update(overrides)
   return types.SimpleNamespace(**values)
 
@@ -61,6 +62,14 @@ def flag_values(**overrides):
     (dict(emulated_step_ms=["fast"]), 4, 1, "must be numbers"),
     (dict(save_model="model.h5"), 4, 1,
      "--save_model='model.h5' must end in '.keras'"),
+    (dict(checkpoint_dir="/tmp/c", checkpoint_every_steps=0), 4, 1,
+     "--checkpoint_every_steps must be > 0, got 0."),
+    (dict(checkpoint_dir="/tmp/c", checkpoint_every_secs=-1.0), 4, 1,
+     "--checkpoint_every_secs must be > 0, got -1.0."),
+    (dict(checkpoint_every_steps=100), 4, 1,
+     "--checkpoint_every_steps=100 needs --checkpoint_dir"),
+    (dict(checkpoint_every_secs=30.0), 4, 1,
+     "--checkpoint_every_secs=30.0 needs --checkpoint_dir"),
 ])
 def test_bad_flags_are_refused(overrides, learners, ps, fragment):
   with pytest.raises(ValueError) as error:

@@ -396,13 +396,15 @@ def test_each_learner_gets_its_own_input_context():
 @pytest.mark.parametrize("protocol,consistent_pulls", [
     ("async", True), ("async", False), ("1-softsync", True)])
 def test_a_rerun_closure_applies_nothing_twice(protocol, consistent_pulls):
-  # 3 closures of one step each (keys k, k+1, k+2), then closure 2 runs again,
-  # as TF re-runs a closure whose worker died after its push: the shard
-  # refuses it and counts a duplicate. Each accepted gradient moves w by
-  # -0.1 (1-softsync, λ = 2: c = 2, so 3 gradients = 1 update + 1 pending).
+  # 3 closures of one step each (keys k, k+1, k+2), then closure 3 runs
+  # again, as TF re-runs the closure a learner was running when it died
+  # after its push (the last one that learner ran; TF runs one at a time
+  # per learner): the shard refuses it and counts a duplicate. Each accepted
+  # gradient moves w by -0.1 (1-softsync, λ = 2: c = 2, so 3 gradients = 1
+  # update + 1 pending). Behind 1,099 queued closures: test_push_keys.py.
   result = run_in_fresh_process(
       scenarios.rerun_closures, protocol=protocol,
-      consistent_pulls=consistent_pulls, steps=3, reruns=(2,))
+      consistent_pulls=consistent_pulls, steps=3, reruns=(3,))
   report = result["report"]
   assert result["limit"] == 1
   assert report["duplicates"] == 1 and report["gradients"] == 3
@@ -414,13 +416,13 @@ def test_a_rerun_closure_applies_nothing_twice(protocol, consistent_pulls):
 
 def test_a_rerun_multi_step_closure_is_refused_up_to_its_step_count():
   # tf_keras's multi-step convention: 3 steps per closure (limit 3).
-  # Closures 1 and 2 deliver 6 gradients; running both again delivers
-  # nothing new.
+  # Closures 1 and 2 deliver 6 gradients; running closure 2 again (its
+  # learner's last) delivers nothing new: its 3 pushes are refused.
   result = run_in_fresh_process(
-      scenarios.rerun_closures, steps=2, runs_per_step=3, reruns=(1, 2))
+      scenarios.rerun_closures, steps=2, runs_per_step=3, reruns=(2,))
   report = result["report"]
   assert result["limit"] == 3
-  assert report["gradients"] == 6 and report["duplicates"] == 6
+  assert report["gradients"] == 6 and report["duplicates"] == 3
   assert result["w"] == pytest.approx(-0.6, rel=1e-6)
 
 
@@ -429,7 +431,7 @@ def test_a_closure_of_unknown_step_count_is_not_deduplicated():
   # push is refused (documented): the re-run's 2 gradients are applied.
   result = run_in_fresh_process(
       scenarios.rerun_closures, steps=2, runs_per_step="two_runs",
-      reruns=(1,))
+      reruns=(2,))
   report = result["report"]
   assert result["limit"] == -1
   assert report["gradients"] == 6 and report["duplicates"] == 0
