@@ -134,7 +134,7 @@ class Job:
       if line.startswith("[chief:0] epoch "):
         self.epoch_lines += 1
       if self._out is not None and (line.startswith("[launcher]") or
-                                    "error" in line):
+                                    line.startswith("error")):
         self._out("    " + line.rstrip())
 
   def running(self):

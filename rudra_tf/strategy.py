@@ -329,7 +329,7 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       return super().run(fn, args, kwargs, options)
     converted = autograph.tf_convert(fn, ag_ctx.control_status_ctx())
     push_key = coordinator_lib.current_push_key()
-    if push_key is not None:
+    if push_key is not None and not _inside_autograph_trial():
       push_key.runs += 1
       push_key.in_loop |= _inside_while_loop()
 
@@ -455,6 +455,23 @@ def _inside_while_loop():
   graph = ops.get_default_graph()
   while graph is not None:
     if getattr(graph, "name", "").startswith("while_body"):
+      return True
+    graph = getattr(graph, "outer_graph", None)
+  return False
+
+
+# Autograph stages one trial iteration of a loop whose variables are not
+# defined before it (tf_keras's multi-step train function: `outputs`) in a
+# throw-away graph of this name, before the real loop; a strategy.run traced
+# there never runs.
+_AUTOGRAPH_TRIAL_GRAPH = "tmp"
+
+
+def _inside_autograph_trial():
+  """True while autograph stages its trial loop iteration (see above)."""
+  graph = ops.get_default_graph()
+  while graph is not None:
+    if getattr(graph, "name", None) == _AUTOGRAPH_TRIAL_GRAPH:
       return True
     graph = getattr(graph, "outer_graph", None)
   return False

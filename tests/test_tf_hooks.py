@@ -301,6 +301,10 @@ def test_launch_selects_tensorflows_bfc_cpu_allocator(how, setting, expected):
   if setting is not None:
     environment[variable] = setting
   environment["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  # With oneDNN's CPU ops (on by default on some x86 CPUs, e.g. AMD EPYC
+  # with AVX-512), the CPU device reports memory stats whatever the
+  # allocator: the probe reads the allocator's own stats only without them.
+  environment["TF_ENABLE_ONEDNN_OPTS"] = "0"
   out = subprocess.run([sys.executable, "-c", _ALLOCATOR_PROBE, how],
                        cwd=repo, env=environment, text=True,
                        capture_output=True, timeout=120, check=True)
@@ -375,3 +379,12 @@ def test_closure_queue_hooks_behind_push_key_pins():
   queue.put_back(first)
   assert [queue.get(), queue.get(), queue.get()] == [second, third, first]
   queue.stop()
+
+
+def test_autograph_trial_iteration_graph_behind_push_limits():
+  # strategy._inside_autograph_trial: autograph stages a trial iteration of
+  # a loop with variables undefined before it in FuncGraph("tmp").
+  from tensorflow.python.autograph.operators import control_flow
+  source = inspect.getsource(control_flow._try_handling_undefineds)  # pylint: disable=protected-access
+  assert (f"FuncGraph('{strategy_lib._AUTOGRAPH_TRIAL_GRAPH}')"  # pylint: disable=protected-access
+          in source)
