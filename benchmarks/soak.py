@@ -13,6 +13,11 @@ prints:
 * memory per task flat: the median RSS of each task over the last quarter
   of the run against the median over the second quarter (after warm-up).
 
+With --kill_learner_every_s=30 a random serving learner is also SIGKILLed
+about every 30 s (uniform in [15, 45] s; benchmarks/chaos.py's killer), the
+launcher restarts it, and the invariant must stay exact: gradients equal to
+epochs × steps_per_epoch, none applied twice.
+
 Exit code 0 when all hold, 1 otherwise. Writes OUT_DIR/soak.json.
 """
 
@@ -20,14 +25,17 @@ import json
 import math
 import os
 import statistics
-import subprocess
+import random
 import sys
+import threading
 import time
 
 from absl import app
 from absl import flags
 
 import psutil
+
+from benchmarks import chaos
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("pushes", 20000, "Gradients to push, at least.")
@@ -39,8 +47,13 @@ flags.DEFINE_float("sample_s", 5.0, "Memory sampling period.")
 flags.DEFINE_float("max_growth", 0.10, "Largest allowed relative growth of "
                    "a task's memory between the second and last quarter.")
 flags.DEFINE_string("out_dir", "runs/soak", "Where soak.json goes.")
+flags.DEFINE_float("kill_learner_every_s", None, "Also kill a random learner "
+                   "about this often (seconds); the launcher restarts it.")
+flags.DEFINE_integer("seed", 0, "Seed of the kill moments.")
 
 STEPS_PER_EPOCH = 2000
+# A soak that has not finished by then is stopped (and fails).
+SOAK_TIMEOUT_S = 4 * 3600
 
 
 def _task_name(process):
@@ -70,9 +83,11 @@ def memory_growth(series):
   return last / warm - 1
 
 
-def check(results, samples, max_growth):
+def check(results, samples, max_growth, expected_gradients=None):
   """Returns (figures, failures)."""
   failures = []
+  if expected_gradients is not None:
+    failures += chaos.check_totals(results, expected_gradients)
   c = results["gradients_per_update"]
   accepted = results["gradients"] - results["dropped"]
   exact = results["updates"] * c + results["pending"] == accepted
@@ -111,32 +126,49 @@ def main(argv):
              f"--steps_per_epoch={STEPS_PER_EPOCH}",
              f"--steps_per_execution={FLAGS.steps_per_execution}",
              f"--results={results_path}"]
+  if FLAGS.kill_learner_every_s:
+    command.append("--learner_restarts=1000")
   print(" ".join(command), flush=True)
-  job = subprocess.Popen(command, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+  job = chaos.Job(command, out=print, timeout_s=SOAK_TIMEOUT_S)
+  kills = []
+  if FLAGS.kill_learner_every_s:
+    killer = threading.Thread(target=lambda: kills.extend(
+        chaos.kill_learners(job, 10**6, FLAGS.kill_learner_every_s,
+                            random.Random(FLAGS.seed), FLAGS.learners,
+                            stop_after_epoch_lines=epochs)), daemon=True)
+    killer.start()
   samples = {}
-  next_sample = time.monotonic()
-  os.set_blocking(job.stdout.fileno(), False)
-  while job.poll() is None:
-    for line in iter(job.stdout.readline, ""):
+  printed = 0
+  while job.running():
+    for line in job.lines[printed:]:
       if "epoch" in line or "test accuracy" in line or "error" in line:
         print(line, end="", flush=True)
-    if time.monotonic() >= next_sample:
-      _sample(job, samples)
-      next_sample += FLAGS.sample_s
-    time.sleep(0.2)
-  if job.returncode != 0:
-    print(f"soak: the job failed with code {job.returncode}")
+    printed = len(job.lines)
+    _sample(job.process, samples)
+    time.sleep(FLAGS.sample_s)
+  if job.wait() != 0:
+    print("".join(job.lines[-20:]))
+    print(f"soak: the job failed with code {job.process.returncode}")
     return 1
+  for line in job.lines[printed:]:
+    if "epoch" in line or "test accuracy" in line:
+      print(line, end="", flush=True)
   with open(results_path) as f:
     results = json.load(f)
-  figures, failures = check(results, samples, FLAGS.max_growth)
+  figures, failures = check(
+      results, samples, FLAGS.max_growth,
+      epochs * STEPS_PER_EPOCH if FLAGS.kill_learner_every_s else None)
+  figures["learner_kills"] = [
+      {"task": name, "after_s": round(t, 1)} for name, t in kills]
   with open(os.path.join(FLAGS.out_dir, "soak.json"), "w") as f:
     json.dump(figures, f, indent=1)
   print(f"gradients {figures['gradients']} | updates {figures['updates']} | "
         f"pending {figures['pending']} | dropped {figures['dropped']} | "
         f"duplicates {figures['duplicates']} | invariant "
         f"{'exact' if figures['invariant_exact'] else 'BROKEN'}")
+  if FLAGS.kill_learner_every_s:
+    print(f"learner kills {len(kills)} (every ~{FLAGS.kill_learner_every_s:g}"
+          f" s: {', '.join(f'{n}@{t:.0f}s' for n, t in kills)})")
   print(f"losses per epoch {[round(x, 4) for x in figures['losses']]} | "
         f"test accuracy {figures['test_accuracy']:.4f} | wall time "
         f"{figures['wall_time_s']:.0f} s")

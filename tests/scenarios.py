@@ -525,21 +525,14 @@ def learner_input_contexts(num_learners=3, steps=12):
 
 
 # ------------------------------------------------------ idempotent pushes
-def rerun_closures(protocol="async", consistent_pulls=True, steps=3,
-                   runs_per_step=1, reruns=(2,), learning_rate=0.1):
-  """Schedules `steps` keyed closures, then runs some again with their key.
-
-  Loss = mean(w·x) with x = 1, plain SGD: every accepted gradient moves w by
-  exactly -learning_rate, so w counts the applied gradients. A closure runs
-  `runs_per_step` training steps: 1 (one strategy.run), k > 1 (tf_keras's
-  convention: a tf.range loop over a `steps_per_execution` argument), or
-  "two_runs" (two strategy.run calls: the limit cannot be known).
-  """
-  import numpy as np  # pylint: disable=g-import-not-at-top
+def counting_weight(protocol, learning_rate, num_learners=2,
+                    **strategy_kwargs):
+  """One weight w, loss = w, plain SGD: each update moves w by exactly
+  -learning_rate. Returns (strategy, coordinator, w, replica_step)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
-  _, strategy = _connect(1, 2, protocol, consistent_pulls=consistent_pulls)
+  _, strategy = _connect(1, num_learners, protocol, **strategy_kwargs)
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
       strategy)
   with strategy.scope():
@@ -552,7 +545,23 @@ def rerun_closures(protocol="async", consistent_pulls=True, steps=3,
     with tf.GradientTape() as tape:
       loss = w * 1.0
     optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+  return strategy, coordinator, w, replica_step
 
+
+def rerun_closures(protocol="async", consistent_pulls=True, steps=3,
+                   runs_per_step=1, reruns=(2,), learning_rate=0.1):
+  """Schedules `steps` keyed closures, then runs some again with their key.
+
+  Loss = mean(w·x) with x = 1, plain SGD: every accepted gradient moves w by
+  exactly -learning_rate, so w counts the applied gradients. A closure runs
+  `runs_per_step` training steps: 1 (one strategy.run), k > 1 (tf_keras's
+  convention: a tf.range loop over a `steps_per_execution` argument), or
+  "two_runs" (two strategy.run calls: the limit cannot be known).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  strategy, coordinator, w, replica_step = counting_weight(
+      protocol, learning_rate, consistent_pulls=consistent_pulls)
   if runs_per_step == "two_runs":
     @tf.function
     def closure(dummy):

@@ -131,17 +131,9 @@ def _rerun_far_behind(protocol, closures, steps_per_closure, learning_rate):
   import threading  # pylint: disable=g-import-not-at-top
   os.environ["TF_PS_HANDLE_UNKNOWN_ERROR"] = "1"
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  import rudra_tf  # pylint: disable=g-import-not-at-top
   from tests import scenarios  # pylint: disable=g-import-not-at-top
-  _, strategy = scenarios._connect(1, 2, protocol)  # pylint: disable=protected-access
-  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
-      strategy)
-  with strategy.scope():
-    w = tf.Variable(0.0)
-    optimizer = rudra_tf.StalenessAwareOptimizer(
-        tf_keras.optimizers.SGD(learning_rate))
-    optimizer.build([w])
+  strategy, coordinator, w, replica_step = scenarios.counting_weight(
+      protocol, learning_rate)
   failures, all_queued = [], threading.Event()
 
   def fail_first_run(marker):
@@ -150,11 +142,6 @@ def _rerun_far_behind(protocol, closures, steps_per_closure, learning_rate):
       all_queued.wait()
       raise tf.errors.UnavailableError(None, None, "injected after the push")
     return np.int64(0)
-
-  def replica_step():
-    with tf.GradientTape() as tape:
-      loss = w * 1.0
-    optimizer.apply_gradients([(tape.gradient(loss, w), w)])
 
   @tf.function
   def closure(marker, steps_per_execution):
