@@ -56,6 +56,7 @@ class RunResult:
   exit_codes: list
   results: dict = None
   failures: list = dataclasses.field(default_factory=list)
+  resumed_from: str = None  # ps and chief runs: the resumed run's line
 
   @property
   def exact(self):
@@ -68,6 +69,7 @@ class RunResult:
             f"{len(self.kills)} kill(s) [{moments}] | gradients "
             f"{counts.get('gradients')} of {self.expected_gradients}, "
             f"duplicates {counts.get('duplicates')} | "
+            + (f"{self.resumed_from} | " if self.resumed_from else "")
             + ("exact" if self.exact else "NOT EXACT: " +
                "; ".join(self.failures)))
 
@@ -184,16 +186,18 @@ def _learner_addresses(job, learners):
   return {}
 
 
-def kill_learners(job, kills, gap_s, rng, learners, stop_after_epoch_lines):
+def kill_learners(job, kills, gap_s, rng, learners, stop_after_epoch_lines,
+                  done=None):
   """SIGKILLs `kills` random serving learners at random moments.
 
-  Returns [(name, seconds since training began)]. Stops early once the
-  chief has printed `stop_after_epoch_lines` epoch lines (the run is
-  ending) or the job has exited.
+  Returns `done` (a new list if None) with (name, seconds since training
+  began) appended at each kill. Stops early once the chief has printed
+  `stop_after_epoch_lines` epoch lines (the run is ending) or the job has
+  exited.
   """
   addresses = _learner_addresses(job, learners)
   job.training.wait(timeout=300)
-  start, done = time.monotonic(), []
+  start, done = time.monotonic(), [] if done is None else done
   while len(done) < kills and job.running() and (
       job.epoch_lines < stop_after_epoch_lines):
     time.sleep(rng.uniform(gap_s / 2, 1.5 * gap_s))
@@ -261,7 +265,11 @@ def task_run(protocol, steps_per_execution, task, out_dir, rng, *,
                      epochs * steps_per_epoch, [first, second])
   if kills and first == 0:
     result.failures.append("the killed run exited 0")
-  if not any("resumed from" in line for line in resumed.lines) and kills:
+  resumes = [line.split("] ", 1)[-1].strip() for line in resumed.lines
+             if "resumed from" in line]
+  if resumes:
+    result.resumed_from = resumes[0]
+  elif kills:
     result.failures.append("the second run did not resume")
   return _judge(result, resumed, results_path)
 

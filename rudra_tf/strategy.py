@@ -450,14 +450,18 @@ def _current_learner():
   return tf.distribute.coordinator.experimental_get_current_worker_index()
 
 
-def _inside_while_loop():
-  """True while tracing the body of a tf.while_loop (a multi-step loop)."""
+def _enclosing_graph_names():
+  """Names of the graph being traced and of each graph around it."""
   graph = ops.get_default_graph()
   while graph is not None:
-    if getattr(graph, "name", "").startswith("while_body"):
-      return True
+    yield getattr(graph, "name", None) or ""
     graph = getattr(graph, "outer_graph", None)
-  return False
+
+
+def _inside_while_loop():
+  """True while tracing the body of a tf.while_loop (a multi-step loop)."""
+  return any(name.startswith("while_body")
+             for name in _enclosing_graph_names())
 
 
 # Autograph stages one trial iteration of a loop whose variables are not
@@ -469,12 +473,7 @@ _AUTOGRAPH_TRIAL_GRAPH = "tmp"
 
 def _inside_autograph_trial():
   """True while autograph stages its trial loop iteration (see above)."""
-  graph = ops.get_default_graph()
-  while graph is not None:
-    if getattr(graph, "name", None) == _AUTOGRAPH_TRIAL_GRAPH:
-      return True
-    graph = getattr(graph, "outer_graph", None)
-  return False
+  return _AUTOGRAPH_TRIAL_GRAPH in _enclosing_graph_names()
 
 
 def _split_sharded(grads_and_vars):
