@@ -245,7 +245,7 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     # pylint: disable=protected-access
     queue = self._cluster.closure_queue
     put, put_back = queue.put, queue.put_back
-    key_of = self._key_of_closure = weakref.WeakKeyDictionary()
+    key_of = weakref.WeakKeyDictionary()
 
     def put_noting_key(closure, tag=None):
       key = getattr(_state, "scheduling_key", None)

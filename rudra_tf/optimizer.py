@@ -6,8 +6,8 @@ import tensorflow as tf
 import tf_keras
 from tf_keras.src.optimizers import utils as optimizer_utils
 
+from rudra_tf import ledger as ledger_lib
 from rudra_tf import protocol as protocol_lib
-from rudra_tf import shard_state
 from rudra_tf import variables as variables_lib
 
 _LearningRateSchedule = tf_keras.optimizers.schedules.LearningRateSchedule
@@ -194,7 +194,7 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
       shard = ledgers.get(id(variable))
       if shard is None:
         continue
-      pending = int(weight[shard_state.LedgerLayout.PENDING])
+      pending = int(weight[ledger_lib.LedgerLayout.PENDING])
       if pending >= protocol.gradients_per_update:
         raise ValueError(
             f"The saved state of shard {shard.index} holds {pending} pending "

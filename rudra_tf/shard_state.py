@@ -37,9 +37,6 @@ from rudra_tf import sparse
 from rudra_tf import variables as variables_lib
 
 _INT = ledger_lib.INT
-LedgerLayout = ledger_lib.LedgerLayout
-_Changes = ledger_lib.Changes
-_one = ledger_lib.one
 # Spare hardsync wake-ups rung when a learner dies: a wake-up the dead
 # learner had taken without recording it is lost with it; spares only cost
 # a waiting pull one more look at the ledger.
@@ -68,7 +65,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
   Created eagerly under the strategy's scope; `pull` and `push` build graph
   code inside a traced training step.
 
-  Checkpointed: the ledger (every counter, see `LedgerLayout`), the
+  Checkpointed: the ledger (every counter, see `ledger_lib.LedgerLayout`), the
   timestamp mirror and the accumulators (so pending gradients survive a
   restore). Not checkpointed: the lock, the hardsync wake-up queue and the
   learner incarnations. Hardsync tokens are recomputed by `refill_tokens`;
@@ -79,7 +76,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
   def __init__(self, strategy, index, model_variables, protocol, bins):
     self.index = index
     self._protocol = protocol
-    self._layout = LedgerLayout(bins, protocol.num_learners)
+    self._layout = ledger_lib.LedgerLayout(bins, protocol.num_learners)
     anchor = model_variables[0]
     self.device = anchor.device
     self._model_variables = self._no_dependency(list(model_variables))
@@ -119,7 +116,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     new = changes.new_value()
     write = self.ledger.assign(new, read_value=False)
     with tf.control_dependencies([write]):
-      mirror = self.timestamp.assign(new[LedgerLayout.TIMESTAMP],
+      mirror = self.timestamp.assign(new[ledger_lib.LedgerLayout.TIMESTAMP],
                                      read_value=False)
     return new, [write, mirror]
 
@@ -142,9 +139,9 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     layout = self._layout
     with tf.device(self.device):
       old = self.ledger.read_value()
-      changes = _Changes(old)
-      available = self._protocol.num_learners - old[LedgerLayout.PENDING]
-      changes.set(LedgerLayout.AVAILABLE, available)
+      changes = ledger_lib.Changes(old)
+      available = self._protocol.num_learners - old[ledger_lib.LedgerLayout.PENDING]
+      changes.set(ledger_lib.LedgerLayout.AVAILABLE, available)
       for learner in range(self._protocol.num_learners):
         changes.set(layout.holding + learner, 0)
       self._commit(changes)
@@ -166,10 +163,10 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     slot = self._layout.holding + learner
 
     def release():
-      changes = _Changes(self.ledger.read_value())
+      changes = ledger_lib.Changes(self.ledger.read_value())
       held = tf.maximum(changes.old[slot], 0)
       changes.set(slot, 0)
-      changes.add(LedgerLayout.AVAILABLE, held)
+      changes.add(ledger_lib.LedgerLayout.AVAILABLE, held)
       self._commit(changes)
       tf.raw_ops.ResourceScatterAdd(
           resource=self._incarnations.handle,
@@ -196,8 +193,8 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     count = self._protocol.num_learners
 
     def add_tokens():
-      changes = _Changes(self.ledger.read_value())
-      changes.add(LedgerLayout.AVAILABLE, count)
+      changes = ledger_lib.Changes(self.ledger.read_value())
+      changes.add(ledger_lib.LedgerLayout.AVAILABLE, count)
       self._commit(changes)
       return tf.constant(True)
     with tf.device(self.device):
@@ -211,7 +208,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     push_keys.py. Returns True if the key was not pinned before.
     """
     def pin():
-      changes = _Changes(self.ledger.read_value())
+      changes = ledger_lib.Changes(self.ledger.read_value())
       new = push_keys.pin(changes, self._layout, tf.constant(key, _INT))
       self._commit(changes)
       return new
@@ -229,7 +226,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     """Hardsync tokens: (available, held by each learner), read eagerly."""
     ledger = self._read_ledger()
     holding = self._layout.holding
-    return (int(ledger[LedgerLayout.AVAILABLE]),
+    return (int(ledger[ledger_lib.LedgerLayout.AVAILABLE]),
             [int(h) for h in ledger[holding:holding +
                                     self._protocol.num_learners]])
 
@@ -252,13 +249,13 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     layout = self._layout
 
     def attempt():
-      changes = _Changes(self.ledger.live_read())
+      changes = ledger_lib.Changes(self.ledger.live_read())
       stale = self._stale(learner, incarnation)
-      take = tf.logical_and(changes.old[LedgerLayout.AVAILABLE] > 0,
+      take = tf.logical_and(changes.old[ledger_lib.LedgerLayout.AVAILABLE] > 0,
                             tf.logical_not(stale))
-      changes.add(LedgerLayout.AVAILABLE, -_one(take))
+      changes.add(ledger_lib.LedgerLayout.AVAILABLE, -ledger_lib.one(take))
       if learner is not None:
-        changes.add(layout.holding + learner, _one(take))
+        changes.add(layout.holding + learner, ledger_lib.one(take))
       _, written = self._commit(changes)
       with tf.control_dependencies(written):
         tf.cond(stale, lambda: _after_all_ops(lambda: self._ring(1)),
@@ -290,7 +287,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       def read():
         # One packed copy of the weights: one transfer to the learner.
         weights = [v.live_read() for v in self._model_variables]
-        return [self.ledger.live_read()[LedgerLayout.TIMESTAMP]] + (
+        return [self.ledger.live_read()[ledger_lib.LedgerLayout.TIMESTAMP]] + (
             packing.pack(weights) if weights else [])
       if self._wakeups is not None:
         # The version cannot change between the take and the read: its
@@ -409,7 +406,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     """
     layout, old = self._layout, changes.old
     c = self._protocol.gradients_per_update
-    staleness = old[LedgerLayout.TIMESTAMP] - pulled_timestamp
+    staleness = old[ledger_lib.LedgerLayout.TIMESTAMP] - pulled_timestamp
     stale = self._stale(learner, incarnation) if self._wakeups is not None \
         else tf.constant(False)
     fresh = tf.constant(True)
@@ -423,25 +420,25 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     if max_staleness is not None:
       accepted = accepted & protocol_lib.accepts_gradient(staleness,
                                                           max_staleness)
-    pending = old[LedgerLayout.PENDING]
+    pending = old[ledger_lib.LedgerLayout.PENDING]
     complete = accepted & (pending + 1 >= c)
 
-    changes.add(LedgerLayout.RECEIVED, _one(delivered))
-    changes.add(LedgerLayout.STALENESS_SUM, staleness * _one(delivered))
-    changes.set(LedgerLayout.STALENESS_MAX,
-                tf.maximum(old[LedgerLayout.STALENESS_MAX], staleness),
+    changes.add(ledger_lib.LedgerLayout.RECEIVED, ledger_lib.one(delivered))
+    changes.add(ledger_lib.LedgerLayout.STALENESS_SUM, staleness * ledger_lib.one(delivered))
+    changes.set(ledger_lib.LedgerLayout.STALENESS_MAX,
+                tf.maximum(old[ledger_lib.LedgerLayout.STALENESS_MAX], staleness),
                 when=delivered)
     changes.add(layout.histogram + tf.minimum(staleness, layout.bins - 1),
-                _one(delivered))
+                ledger_lib.one(delivered))
     if learner is not None:
-      changes.add(layout.learners + learner, _one(delivered))
-    changes.add(LedgerLayout.DROPPED,
-                _one(delivered & tf.logical_not(accepted)))
-    changes.add(LedgerLayout.DUPLICATES, _one(tf.logical_not(delivered)))
-    changes.set(LedgerLayout.PENDING,
+      changes.add(layout.learners + learner, ledger_lib.one(delivered))
+    changes.add(ledger_lib.LedgerLayout.DROPPED,
+                ledger_lib.one(delivered & tf.logical_not(accepted)))
+    changes.add(ledger_lib.LedgerLayout.DUPLICATES, ledger_lib.one(tf.logical_not(delivered)))
+    changes.set(ledger_lib.LedgerLayout.PENDING,
                 tf.where(complete, tf.zeros_like(pending), pending + 1),
                 when=accepted)
-    changes.add(LedgerLayout.TIMESTAMP, _one(complete))
+    changes.add(ledger_lib.LedgerLayout.TIMESTAMP, ledger_lib.one(complete))
     if push_key is not None:
       push_keys.record(changes, layout, push_key.key, learner, key_seen,
                        delivered)
@@ -455,9 +452,9 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
         held = old[layout.holding + learner]
         changes.set(layout.holding + learner, tf.maximum(held - 1, 0),
                     when=live)
-      tokens_back = (_one(live & tf.logical_not(accepted)) +
-                     _one(complete) * self._protocol.num_learners)
-      changes.add(LedgerLayout.AVAILABLE, tokens_back)
+      tokens_back = (ledger_lib.one(live & tf.logical_not(accepted)) +
+                     ledger_lib.one(complete) * self._protocol.num_learners)
+      changes.add(ledger_lib.LedgerLayout.AVAILABLE, tokens_back)
     return dict(staleness=staleness, delivered=delivered, accepted=accepted,
                 complete=complete, tokens_back=tokens_back)
 
@@ -465,11 +462,11 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
                    lr_policy, max_staleness, push_key, learner, incarnation):
     """One push inside the lock: the ledger write, then the weights."""
     c = self._protocol.gradients_per_update
-    changes = _Changes(self.ledger.live_read())
+    changes = ledger_lib.Changes(self.ledger.live_read())
     push = self._record(changes, pulled_timestamp, max_staleness, push_key,
                         learner, incarnation)
     _, written = self._commit(changes)
-    timestamp = changes.old[LedgerLayout.TIMESTAMP]
+    timestamp = changes.old[ledger_lib.LedgerLayout.TIMESTAMP]
     weight = protocol_lib.staleness_weight(
         lr_policy, tf.cast(push["staleness"], tf.float32), maximum=tf.maximum)
 
@@ -508,12 +505,12 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     counts the gradient; the weights are then updated without the lock.
     """
     def locked():
-      changes = _Changes(self.ledger.live_read())
+      changes = ledger_lib.Changes(self.ledger.live_read())
       push = self._record(changes, pulled_timestamp, max_staleness, push_key,
                           learner, None)
       self._commit(changes)
       return (push["staleness"], push["accepted"], push["delivered"],
-              changes.old[LedgerLayout.TIMESTAMP])
+              changes.old[ledger_lib.LedgerLayout.TIMESTAMP])
 
     staleness, accepted, delivered, timestamp = self._lock.execute(
         lambda: _after_all_ops(locked), exclusive_resource_access=False)
