@@ -267,24 +267,29 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     After a closure fails for good, TF cancels the others and waits until no
     closure runs. One cancelled after its pull and before its push leaves
     its round short, so a learner waiting at the barrier would never wake,
-    and neither would the chief. Until no closure runs, every shard's
-    barrier is opened every BARRIER_OPEN_INTERVAL_S; the first schedule call
-    after the failure has been raised restores exact rounds
-    (`refill_tokens`). Gradients pushed meanwhile may be stale.
+    and neither would the chief. Until the failed fit is over
+    (`_nothing_runs`), every shard's barrier is opened every
+    BARRIER_OPEN_INTERVAL_S; the first schedule call after that restores
+    exact rounds (`_restore_barriers`). Gradients pushed meanwhile may be
+    stale.
+
+    "No closure in flight" alone is not the end: until the chief raises the
+    error, TF's learners go on taking queued closures (`closure_queue.get`
+    does not look at the error), so the count can touch 0 between two of
+    them while more are still to come and to wait at a barrier (CI saw
+    that hang: one of three side-by-side runs).
     """
     if not self.strategy.protocol.barrier or getattr(
         self, "_barrier_opener", None) is not None:
       return
-    queue = self._cluster.closure_queue
     stop = self._barrier_opener = threading.Event()
 
-    def open_until_nothing_runs():
-      # pylint: disable=protected-access
-      while not stop.is_set() and queue._inflight_closure_count > 0:
-        if not self.strategy._open_barriers():
+    def open_until_the_fit_is_over():
+      while not stop.is_set() and not self._nothing_runs():
+        if not self.strategy._open_barriers():  # pylint: disable=protected-access
           return
         stop.wait(BARRIER_OPEN_INTERVAL_S)
-    threading.Thread(target=open_until_nothing_runs, daemon=True,
+    threading.Thread(target=open_until_the_fit_is_over, daemon=True,
                      name="rudra-open-barriers").start()
 
   def _nothing_runs(self):
@@ -298,7 +303,7 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     """After a failed fit: exact hardsync rounds before the next closure."""
     opener, self._barrier_opener = self._barrier_opener, None
     opener.set()
-    self.strategy._refill_tokens()  # pylint: disable=protected-access
+    self.strategy._restore_barriers_after_failure()  # pylint: disable=protected-access
 
   def _explain_exhausted_inputs(self):
     """Turns a learner's end of input into an error that says so.

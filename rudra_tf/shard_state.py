@@ -168,16 +168,35 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       changes.set(slot, 0)
       changes.add(ledger_lib.LedgerLayout.AVAILABLE, held)
       self._commit(changes)
-      tf.raw_ops.ResourceScatterAdd(
-          resource=self._incarnations.handle,
-          indices=tf.constant([learner], _INT),
-          updates=tf.constant([1], _INT))
+      self._next_incarnation([learner])
       return held
     with tf.device(self.device):
       held = self._lock.execute(release, exclusive_resource_access=False)
       self._ring(held + _SPARE_WAKEUPS_PER_LEARNER *
                  self._protocol.num_learners)
     return int(held.numpy())
+
+  def _next_incarnation(self, learners):
+    """Marks the given learners' running steps as a dead incarnation's."""
+    tf.raw_ops.ResourceScatterAdd(
+        resource=self._incarnations.handle,
+        indices=tf.constant(learners, _INT),
+        updates=tf.ones([len(learners)], _INT))
+
+  def retire_incarnations(self):
+    """Every learner's steps so far become a dead incarnation's (eager, on
+    the chief, when no closure runs): see
+    `RudraStrategy._restore_barriers_after_failure`."""
+    if self._wakeups is None:
+      return
+    learners = list(range(self._protocol.num_learners))
+
+    def retire():
+      self._next_incarnation(learners)
+      return tf.constant(True)
+    with tf.device(self.device):
+      self._lock.execute(lambda: _after_all_ops(retire),
+                         exclusive_resource_access=False)
 
   def open_barrier(self):
     """Lets λ more hardsync pulls through (eager, on the chief).

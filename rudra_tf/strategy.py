@@ -435,6 +435,22 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     for shard in self._shards or ():
       shard.refill_tokens()
 
+  def _restore_barriers_after_failure(self):
+    """Exact hardsync rounds after a failed fit, before its next closure.
+
+    TF's cancellation of the failed fit's closures may not reach the part
+    of a step that runs on a ps: a pull still waiting there for a token
+    would take one from the next fit's first round, which then never
+    completes. Every learner first gets a new incarnation, as for a death
+    (`_learner_failed`): such a leftover takes nothing, passes its wake-up
+    on, and its push is refused.
+    """
+    for learner in range(len(self._incarnations)):
+      self._incarnations[learner] += 1  # closures dispatched from now on
+    for shard in self._shards or ():
+      shard.retire_incarnations()
+    self._refill_tokens()
+
   # ----------------------------------------------------------------- report
   def staleness_report(self):
     """Reads every shard's counters (eagerly, under each shard's lock)."""

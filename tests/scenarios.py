@@ -496,6 +496,54 @@ def exhausted_input(protocol, num_learners=3):
   return {"error": error, "report": report, "retry": _report(strategy)}
 
 
+def leftover_pull_after_failed_fit(retire=True, round_wait_s=60):
+  """A pull of a failed hardsync fit that TF's cancellation did not reach.
+
+  λ = 2, one shard. The chief takes both tokens of the round as learners 0
+  and 1 (incarnation 0), then a third pull of learner 0 waits on the ps:
+  the leftover. The failed fit is then over: the barriers are restored
+  (`retire=False`: tokens refilled only, as before the fix). Returns the
+  tokens once the leftover's wait has ended, and a round trained after it.
+  """
+  import threading  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  strategy, coordinator, w, replica_step = counting_weight("hardsync", 0.5)
+  shard, = strategy._ensure_shards()  # pylint: disable=protected-access
+
+  @tf.function
+  def take(learner):
+    with tf.device(shard.device):
+      return shard._take_token(learner, tf.constant(0, tf.int64))  # pylint: disable=protected-access
+  take(tf.constant(0, tf.int64))
+  take(tf.constant(1, tf.int64))
+  before = shard.token_counts()
+  leftover = threading.Thread(target=take, args=(tf.constant(0, tf.int64),))
+  leftover.start()
+  leftover.join(2)
+  waited = leftover.is_alive()
+  if retire:
+    strategy._restore_barriers_after_failure()  # pylint: disable=protected-access
+  else:
+    strategy._refill_tokens()  # pylint: disable=protected-access
+  leftover.join(60)
+  after = shard.token_counts()
+
+  @tf.function
+  def closure():
+    strategy.run(replica_step)
+  for _ in range(2):  # one round of the next fit
+    coordinator.schedule(closure)
+  finished = threading.Event()
+  threading.Thread(target=lambda: (coordinator.join(), finished.set()),
+                   daemon=True).start()
+  return {"before": before, "waited": waited,
+          "leftover_ended": not leftover.is_alive(), "after": after,
+          "round_finished": finished.wait(round_wait_s),
+          "w": float(np.asarray(w.read_value())),
+          "report": _report(strategy)}
+
+
 def learner_input_contexts(num_learners=3, steps=12):
   """Which InputContext each learner's dataset function was traced with."""
   import numpy as np  # pylint: disable=g-import-not-at-top

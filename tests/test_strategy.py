@@ -385,6 +385,38 @@ def test_a_learner_whose_data_runs_out_gets_a_clear_error(protocol, runs):
       assert new[0] == 9 and new.sum() == 9
 
 
+def test_a_leftover_pull_of_a_failed_fit_takes_nothing_from_the_next():
+  # λ = 2: learners 0 and 1 hold the round's two tokens; a third pull
+  # (learner 0, incarnation 0) waits on the ps, as a step of a failed fit
+  # that TF's cancellation did not reach can. Restoring the barriers gives
+  # every learner a new incarnation, refills 2 tokens and rings 2 wake-ups:
+  # the leftover wakes, sees its incarnation is dead, takes nothing and
+  # passes its wake-up on. The next round (2 steps, lr 0.5, loss = w) then
+  # completes: one update, w = -0.5, both gradients fresh.
+  result = run_in_fresh_process(scenarios.leftover_pull_after_failed_fit,
+                                timeout=200)
+  assert result["before"] == (0, [1, 1])
+  assert result["waited"], "the third pull did not wait for a round"
+  assert result["leftover_ended"]
+  assert result["after"] == (2, [0, 0])
+  assert result["round_finished"], "the next fit's first round hung"
+  assert result["w"] == -0.5
+  report = result["report"]
+  assert (report["gradients"], report["timestamp"]) == (2, 1)
+  assert report["histogram"][0] == 2
+  assert_invariants(report)
+
+
+def test_without_new_incarnations_the_leftover_pull_takes_a_token():
+  # The same, refilling the tokens alone (before the fix): the leftover
+  # takes one of the next round's two tokens, so that round cannot finish.
+  result = run_in_fresh_process(scenarios.leftover_pull_after_failed_fit,
+                                retire=False, round_wait_s=15, timeout=200)
+  assert result["leftover_ended"]
+  assert result["after"] == (1, [1, 0])
+  assert not result["round_finished"]
+
+
 def test_each_learner_gets_its_own_input_context():
   result = run_in_fresh_process(scenarios.learner_input_contexts,
                                 num_learners=3)
