@@ -35,6 +35,8 @@ import time
 import tensorflow as tf
 import tf_keras
 
+from rudra_tf import tf_hooks
+
 # Closures per learner the chief may schedule ahead of the finished ones
 # when checkpoints are timed: enough that no learner waits for its next one.
 SCHEDULED_AHEAD_PER_LEARNER = 4
@@ -183,7 +185,7 @@ class PeriodicCheckpoint(tf_keras.callbacks.Callback):
     self._in_flight.append(logs)
     strategy = self.model.distribute_strategy
     learners = getattr(strategy, "num_learners", None) or (
-        strategy._num_workers)  # pylint: disable=protected-access
+        tf_hooks.num_workers(strategy))
     ahead = SCHEDULED_AHEAD_PER_LEARNER * learners
     while len(self._in_flight) > ahead:
       for value in tf.nest.flatten(self._in_flight.popleft()):

@@ -34,9 +34,8 @@ import threading
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.distribute import input_lib
-from tensorflow.python.distribute.coordinator import cluster_coordinator
-from tensorflow.python.distribute.coordinator import values as values_lib
+
+from rudra_tf import tf_hooks
 
 _state = threading.local()
 
@@ -56,38 +55,42 @@ def learner_scope(index):
     _state.learner = previous
 
 
-class _PerLearnerDataset(values_lib.PerWorkerDatasetFromDatasetFunction):
+class _PerLearnerDataset(tf_hooks.PerWorkerDatasetFromFunction):
   """A per-worker dataset whose dataset function is traced once per learner."""
 
   def __init__(self, dataset_fn, coordinator):
     python_function = getattr(dataset_fn, "python_function", dataset_fn)
     self._learner_functions = []
-    for index in range(len(coordinator._cluster.workers)):  # pylint: disable=protected-access
+    self._workers = tf_hooks.cluster_workers(coordinator)
+    self._strategy = coordinator.strategy
+    for index in range(len(self._workers)):
       with learner_scope(index):
         super().__init__(python_function, coordinator)
-      self._learner_functions.append(self._dataset_fn)
+      self._learner_functions.append(tf_hooks.traced_dataset_function(self))
 
   def _create_per_learner(self, make_function, type_spec):
-    workers = self._coordinator._cluster.workers  # pylint: disable=protected-access
     values = tuple(
         worker.create_resource(make_function(function))
-        for worker, function in zip(workers, self._learner_functions))
+        for worker, function in zip(self._workers, self._learner_functions))
     for remote_value in values:
-      remote_value._type_spec = type_spec  # pylint: disable=protected-access
+      tf_hooks.set_type_spec(remote_value, type_spec)
     return values
 
   def build(self):
-    return cluster_coordinator.PerWorkerValues(self._create_per_learner(
-        lambda function: (lambda: function()),
-        self._dataset_fn.structured_outputs._type_spec))  # pylint: disable=protected-access
+    return tf.distribute.experimental.coordinator.PerWorkerValues(
+        self._create_per_learner(
+            lambda function: (lambda: function()),
+            tf_hooks.dataset_output_spec(
+                tf_hooks.traced_dataset_function(self))))
 
   def __iter__(self):
     if not tf.executing_eagerly():
       raise RuntimeError(
           "__iter__() is not supported inside of tf.function or in graph mode.")
-    spec = input_lib.get_iterator_spec_from_dataset(
-        self._coordinator.strategy, self._dataset_fn.structured_outputs)
-    return values_lib.PerWorkerDistributedIterator(self._create_per_learner(
+    spec = tf_hooks.iterator_spec(
+        self._strategy,
+        tf_hooks.traced_dataset_function(self).structured_outputs)
+    return tf_hooks.PerWorkerIterator(self._create_per_learner(
         lambda function: (lambda: iter(function())), spec))
 
 
@@ -165,12 +168,7 @@ class _KeyedFunction:
 BARRIER_OPEN_INTERVAL_S = 0.5
 
 
-def nest_specs(structure):
-  """Type specs of scheduled arguments, as the coordinator traces them."""
-  # pylint: disable=protected-access
-  return tf.nest.map_structure(
-      cluster_coordinator._maybe_as_type_spec,
-      cluster_coordinator._select_worker_slice(0, structure))
+nest_specs = tf_hooks.scheduled_argument_specs
 
 
 def first_push_key():
@@ -182,7 +180,7 @@ def first_push_key():
   return random.SystemRandom().getrandbits(40) + 1
 
 
-class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
+class RudraCoordinator(tf.distribute.experimental.coordinator.ClusterCoordinator):
   """ClusterCoordinator with per-learner inputs and keyed, idempotent pushes."""
 
   def schedule(self, fn, args=None, kwargs=None):
@@ -204,12 +202,8 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     keyed = self._keyed_functions.get(fn)
     if keyed is None:
       keyed = self._keyed_functions[fn] = _KeyedFunction(fn)
-      with self.strategy.scope():
-        self.strategy.extended._being_scheduled = True  # pylint: disable=protected-access
-        try:
-          keyed.trace(args, kwargs)
-        finally:
-          self.strategy.extended._being_scheduled = False  # pylint: disable=protected-access
+      with self.strategy.scope(), tf_hooks.being_scheduled(self.strategy):
+        keyed.trace(args, kwargs)
     return self._schedule_keyed(keyed, next(self._next_key), args, kwargs)
 
   def _watch_learner_failures(self):
@@ -219,18 +213,16 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     then puts the closure back on the queue; the strategy first gives back
     whatever barrier tokens that learner held, so the re-run can pull.
     """
-    # pylint: disable=protected-access
-    for worker in self._cluster.workers:
-      put_back = worker._on_closure_failure
+    for worker in tf_hooks.cluster_workers(self):
 
-      def on_closure_failure(closure, error, worker=worker, put_back=put_back):
+      def on_closure_failure(closure, error, put_back, worker=worker):
         # In its own thread: an RPC to a ps must never stall TF's failure
         # handling; a re-run's pull simply waits for the released token.
-        release = self.strategy._learner_failed(worker.worker_index)
+        release = self.strategy._learner_failed(worker.worker_index)  # pylint: disable=protected-access
         threading.Thread(target=release, daemon=True,
                          name="rudra-release-learner").start()
         put_back(closure, error)
-      worker._on_closure_failure = on_closure_failure
+      tf_hooks.wrap_closure_failure(worker, on_closure_failure)
 
   def _pin_keys_of_closures_put_back(self):
     """Pins a keyed closure's push key on every shard before TF re-runs it.
@@ -242,24 +234,21 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     closure (push_keys.py says why both matter). The keys of scheduled
     closures are noted as TF queues them (`closure_queue.put`).
     """
-    # pylint: disable=protected-access
-    queue = self._cluster.closure_queue
-    put, put_back = queue.put, queue.put_back
     key_of = weakref.WeakKeyDictionary()
 
-    def put_noting_key(closure, tag=None):
+    def put_noting_key(put, closure, tag=None):
       key = getattr(_state, "scheduling_key", None)
       if key is not None and tag is None:
         key_of[closure] = key
       return put(closure, tag)
 
-    def put_back_pinned(closure):
+    def put_back_pinned(put_back, closure):
       key = key_of.get(closure)
       if key is not None:
-        self.strategy._pin_push_key(key)
+        self.strategy._pin_push_key(key)  # pylint: disable=protected-access
       return put_back(closure)
-    queue.put = put_noting_key
-    queue.put_back = put_back_pinned
+    tf_hooks.wrap_closure_queue(tf_hooks.closure_queue(self),
+                                put=put_noting_key, put_back=put_back_pinned)
 
   def _open_barriers_while_cancelling(self):
     """Keeps a failed hardsync fit's cancellation from waiting forever.
@@ -295,9 +284,9 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
   def _nothing_runs(self):
     """No closure runs and no failure waits to be raised: a failed fit is
     over (schedule calls of the failing fit itself come before that)."""
-    queue = self._cluster.closure_queue
-    # pylint: disable=protected-access
-    return queue._inflight_closure_count == 0 and queue._error is None
+    queue = tf_hooks.closure_queue(self)
+    return (tf_hooks.inflight_closures(queue) == 0 and
+            tf_hooks.pending_error(queue) is None)
 
   def _restore_barriers(self):
     """After a failed fit: exact hardsync rounds before the next closure."""
@@ -314,10 +303,7 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
     error of the closure queue is what the chief raises: it says what ran
     out, and how to fix it.
     """
-    queue = self._cluster.closure_queue
-    mark_failed = queue.mark_failed
-
-    def explained(error):
+    def explained(mark_failed, error):
       self._open_barriers_while_cancelling()
       if isinstance(error, tf.errors.OutOfRangeError):
         learner = re.search(r"/job:worker/replica:\d+/task:(\d+)", str(error))
@@ -330,7 +316,8 @@ class RudraCoordinator(cluster_coordinator.ClusterCoordinator):
         explanation.__cause__ = error
         error = explanation
       return mark_failed(error)
-    queue.mark_failed = explained
+    tf_hooks.wrap_closure_queue(tf_hooks.closure_queue(self),
+                                mark_failed=explained)
 
   def _schedule_keyed(self, keyed, key, args, kwargs):
     """Schedules a keyed function; the key of a re-run equals the first's."""

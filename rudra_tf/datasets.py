@@ -23,8 +23,8 @@ import struct
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.data.experimental.ops import testing as tf_data_testing
 
+from rudra_tf import tf_hooks
 from rudra_tf.dataset_sources import DATASET_NAMES  # pylint: disable=unused-import
 from rudra_tf.dataset_sources import FASHION_MNIST_ENV
 from rudra_tf.dataset_sources import FASHION_MNIST_FILES
@@ -52,7 +52,8 @@ def with_step_time(dataset, seconds):
     raise ValueError(f"step time must be >= 0 seconds, got {seconds}.")
   if seconds == 0:
     return dataset
-  return dataset.apply(tf_data_testing.sleep(int(round(seconds * 1e6))))
+  return dataset.apply(tf_hooks.sleep_transformation(
+      int(round(seconds * 1e6))))
 
 
 @dataclasses.dataclass

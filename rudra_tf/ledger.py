@@ -21,6 +21,8 @@ The push-key fields are `push_keys.py`'s; the rest are the protocol's.
 
 import tensorflow as tf
 
+from rudra_tf import transition
+
 INT = tf.int64
 # Closures TensorFlow put back for a re-run whose keys a shard remembers
 # (push_keys.py): a pin is overwritten only by the pin this many failures
@@ -47,6 +49,30 @@ class LedgerLayout:
     self.pinned_keys = self.learner_key_pushes + num_learners
     self.pinned_key_pushes = self.pinned_keys + pinned_slots
     self.size = self.pinned_key_pushes + pinned_slots
+    # Where each of transition.Counters' fields starts.
+    self._starts = {
+        "timestamp": self.TIMESTAMP, "pending": self.PENDING,
+        "received": self.RECEIVED, "dropped": self.DROPPED,
+        "duplicates": self.DUPLICATES, "staleness_sum": self.STALENESS_SUM,
+        "staleness_max": self.STALENESS_MAX, "available": self.AVAILABLE,
+        "histogram": self.histogram, "learners": self.learners,
+        "holding": self.holding}
+
+  def position(self, field, index=None):
+    """Where counter `field` (a `transition.Counters` name) lives; `index`
+    (an int or a tensor) within a per-bin or per-learner field."""
+    start = self._starts[field]
+    return start if index is None else start + index
+
+  def counters(self, ledger):
+    """The named counters (`transition.Counters`) of a ledger vector, as
+    slices of it (numpy array or tensor)."""
+    return transition.Counters(
+        **{field: ledger[self._starts[field]]
+           for field in transition.SCALAR_FIELDS},
+        histogram=ledger[self.histogram:self.learners],
+        learners=ledger[self.learners:self.holding],
+        holding=ledger[self.holding:self.learner_keys])
 
   def initial(self):
     """A fresh ledger: no key seen or pinned (NO_KEY), every counter 0."""
@@ -79,6 +105,11 @@ class Changes:
     delta = tf.cast(value, INT) - self.old[index]
     self.add(index, delta if when is True else
              tf.where(when, delta, tf.zeros_like(delta)))
+
+  def add_all(self, layout, changes):
+    """Adds a transition's `(field, index, delta)` changes (transition.py)."""
+    for field, index, delta in changes:
+      self.add(layout.position(field, index), delta)
 
   def new_value(self):
     if not self._indices:

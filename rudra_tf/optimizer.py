@@ -1,29 +1,14 @@
 """StalenessAwareOptimizer: any tf_keras optimizer, applied by Rudra's rules."""
 
-import contextlib
-
 import tensorflow as tf
 import tf_keras
-from tf_keras.src.optimizers import utils as optimizer_utils
 
 from rudra_tf import ledger as ledger_lib
 from rudra_tf import protocol as protocol_lib
+from rudra_tf import tf_hooks
 from rudra_tf import variables as variables_lib
 
 _LearningRateSchedule = tf_keras.optimizers.schedules.LearningRateSchedule
-
-
-@contextlib.contextmanager
-def _swapped_attributes(obj, **values):
-  """Temporarily sets attributes without Trackable bookkeeping (trace time)."""
-  saved = {name: obj.__dict__[name] for name in values}
-  try:
-    for name, value in values.items():
-      object.__setattr__(obj, name, value)
-    yield
-  finally:
-    for name, value in saved.items():
-      object.__setattr__(obj, name, value)
 
 
 class _CallableList(list):
@@ -94,21 +79,19 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
       raise ValueError(
           "StalenessAwareOptimizer wraps a tf_keras optimizer such as "
           f"tf_keras.optimizers.SGD or Adam; got {optimizer!r}.")
-    if getattr(optimizer, "_distribution_strategy", None) is not strategy:
+    if tf_hooks.strategy_of_optimizer(optimizer) is not strategy:
       raise ValueError(
           "The wrapped optimizer was created outside this RudraStrategy's "
           "scope; create it inside `with strategy.scope():` too.")
     if optimizer.use_ema:
       raise ValueError("StalenessAwareOptimizer does not support an inner "
                        "optimizer with use_ema=True.")
-    protocol_lib.validate_lr_policy(lr_policy)
+    policy = protocol_lib.LearningRatePolicy.create(lr_policy,
+                                                    strategy.protocol)
     super().__init__(name=name, jit_compile=False)
     self._optimizer = optimizer
-    self._lr_policy = lr_policy
+    self._policy = policy
     self._strategy = self._no_dependency(strategy)
-    self._lr_multiplier = protocol_lib.learning_rate_multiplier(
-        lr_policy, strategy.protocol)
-    strategy._attach_optimizer(self)  # pylint: disable=protected-access
 
   # ----------------------------------------------------------- properties
   @property
@@ -117,12 +100,12 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
 
   @property
   def lr_policy(self):
-    return self._lr_policy
+    return self._policy.name
 
   @property
   def learning_rate_multiplier(self):
     """m above: the constant factor on the inner learning rate."""
-    return self._lr_multiplier
+    return self._policy.multiplier
 
   @property
   def learning_rate(self):
@@ -168,7 +151,9 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     self._check_restorable(variables, weights)
     for variable, weight in zip(variables, weights):
       variable.assign(weight)
-    self._refill_tokens()
+    # A restored ledger holds the tokens of the run that saved it; no
+    # learner runs now, so each round restarts from its pending gradients.
+    self._strategy.restore_exact_rounds()
 
   def load_own_variables(self, store):
     """Loads a .keras file's optimizer state (the order of `variables`)."""
@@ -201,22 +186,15 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
             f"gradients; {protocol.name} here updates after "
             f"c = {protocol.gradients_per_update}: {hint}.")
 
-  def _refill_tokens(self):
-    # A restored ledger holds the tokens of the run that saved it; no
-    # learner runs now, so each round restarts from its pending gradients.
-    self._strategy._refill_tokens()  # pylint: disable=protected-access
-
-  def _track_shards(self, shards):
-    self._rudra_shards = shards
-
   # -------------------------------------------------------------- training
   def build(self, var_list):
     if getattr(self, "_built", False):
       return
     self._optimizer.build(var_list)
     # The protocol state is built with the slots, so that a checkpoint
-    # restored before training restores it too.
-    self._strategy._ensure_shards()  # pylint: disable=protected-access
+    # restored before training restores it too; tracked here, so that the
+    # optimizer's checkpoints and saved models hold it.
+    self._rudra_shards = self._strategy.build_shards()
     self._built = True
 
   def update_step(self, gradient, variable):
@@ -234,17 +212,16 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
           "StalenessAwareOptimizer.apply_gradients must run inside a "
           "RudraStrategy training step (model.fit, or strategy.run inside "
           "ClusterCoordinator.schedule), where the weights were pulled.")
-    grads_and_vars = optimizer_utils.filter_empty_gradients(
-        list(grads_and_vars))
+    grads_and_vars = tf_hooks.filter_empty_gradients(list(grads_and_vars))
     if not grads_and_vars:
       return self.iterations
     grads, trainable_variables = zip(*grads_and_vars)
     with tf.init_scope():
       self.build(trainable_variables)
-    grads = self._optimizer._clip_gradients(grads)  # pylint: disable=protected-access
-    self._strategy._push(  # pylint: disable=protected-access
+    grads = tf_hooks.clip_gradients(self._optimizer, grads)
+    self._strategy.push_gradients(
         list(zip(grads, trainable_variables)), pulled, self._apply_update,
-        self._lr_policy)
+        self._policy)
     return self.iterations
 
   def _apply_update(self, mean_grads_and_vars, timestamp):
@@ -252,20 +229,20 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     before the update); run inside the shard's lock, except on the async
     fast path (`consistent_pulls=False`)."""
     inner = self._optimizer
-    base = inner._learning_rate  # pylint: disable=protected-access
+    base = tf_hooks.base_learning_rate(inner)
     if isinstance(base, _LearningRateSchedule):
       base = base(timestamp)
-    learning_rate = tf.convert_to_tensor(base) * self._lr_multiplier
-    with _swapped_attributes(inner, _learning_rate=learning_rate,
-                             _iterations=timestamp):
+    learning_rate = tf.convert_to_tensor(base) * self._policy.multiplier
+    with tf_hooks.learning_rate_and_step_set_to(inner, learning_rate,
+                                                timestamp):
       if inner.weight_decay:
         for _, variable in mean_grads_and_vars:
-          if inner._use_weight_decay(variable):  # pylint: disable=protected-access
+          if tf_hooks.uses_weight_decay(inner, variable):
             decay = tf.cast(inner.weight_decay * learning_rate,
                             variable.dtype)
             variable.assign_sub(variable.live_read() * decay)
       for gradient, variable in mean_grads_and_vars:
-        inner._update_step(gradient, variable)  # pylint: disable=protected-access
+        tf_hooks.update_step(inner, gradient, variable)
       for _, variable in mean_grads_and_vars:
         if variable.constraint is not None:
           variable.assign(variable.constraint(variable.live_read()))
@@ -275,7 +252,7 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     return {
         "name": self.name,
         "optimizer": tf_keras.optimizers.serialize(self._optimizer),
-        "lr_policy": self._lr_policy,
+        "lr_policy": self._policy.name,
         # tf_keras's deserializer takes a config without it for a legacy
         # optimizer (and then cannot find this class in an .h5 file).
         "is_legacy_optimizer": False,

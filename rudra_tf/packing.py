@@ -90,3 +90,47 @@ def unpack(packed, like):
     for index, part in zip(indices, parts):
       tensors[index] = tf.reshape(part, like[index].shape)
   return tensors
+
+
+def encode_push(dense_gradients, row_gradients, metadata):
+  """The tensors one push sends to a ps, packed on the learner.
+
+  In order: the dense gradients, packed (`pack`); each row gradient's
+  values and indices (their count varies by batch, so they cross as they
+  are); the int64 metadata as one vector, omitted when empty.
+
+  Args:
+    dense_gradients: a list of tensors with fully defined shapes.
+    row_gradients: a list of `tf.IndexedSlices`.
+    metadata: a dict of int64 scalars (name -> tensor), in a fixed order.
+  """
+  sent = pack(dense_gradients) if dense_gradients else []
+  for gradient in row_gradients:
+    sent += [gradient.values, gradient.indices]
+  if metadata:
+    sent.append(tf.stack([tf.cast(value, tf.int64)
+                          for value in metadata.values()]))
+  return sent
+
+
+def decode_push(arrived, dense_like, row_shapes, metadata_names):
+  """The inverse of `encode_push`, where its tensors arrived (the ps).
+
+  Args:
+    arrived: `encode_push`'s tensors.
+    dense_like: shapes and dtypes of the dense gradients (`unpack`'s like).
+    row_shapes: the dense shape of each row gradient's variable.
+    metadata_names: the metadata's names, in `encode_push`'s order.
+
+  Returns:
+    (dense gradients, row gradients as `tf.IndexedSlices`, metadata dict).
+  """
+  num_packed = len(_groups(dense_like))
+  dense = unpack(arrived[:num_packed], dense_like) if dense_like else []
+  rows = [tf.IndexedSlices(arrived[num_packed + 2 * i],
+                           arrived[num_packed + 2 * i + 1],
+                           tf.constant(list(shape), tf.int64))
+          for i, shape in enumerate(row_shapes)]
+  metadata = (dict(zip(metadata_names, tf.unstack(arrived[-1])))
+              if metadata_names else {})
+  return dense, rows, metadata

@@ -121,6 +121,30 @@ def staleness_weight(lr_policy, staleness, maximum=max):
   return 1.0 / maximum(staleness, 1.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class LearningRatePolicy:
+  """A learning-rate policy, whole: the step's multiplier m and each
+  gradient's weight w(σ), in one update of c gradients
+
+      θ ← θ − m · α · (1/c) · Σ_l w(σ_l) · g_l
+
+  (`learning_rate_multiplier` and `staleness_weight` above). The optimizer
+  wrapper, the parameter-server shards and the simulator all use one.
+  """
+  name: str
+  multiplier: float
+
+  @classmethod
+  def create(cls, name, protocol):
+    """The policy `name` (one of LR_POLICIES) under `protocol`."""
+    return cls(validate_lr_policy(name),
+               learning_rate_multiplier(name, protocol))
+
+  def weight(self, staleness, maximum=max):
+    """w(σ); `maximum=tf.maximum` for a float tensor σ."""
+    return staleness_weight(self.name, staleness, maximum)
+
+
 def accepts_gradient(staleness, max_staleness):
   """The bounded-staleness guard: None accepts all, else σ <= max_staleness."""
   return max_staleness is None or staleness <= max_staleness

@@ -4,6 +4,8 @@ import dataclasses
 
 import numpy as np
 
+from rudra_tf import transition
+
 
 def histogram_delta_stats(before, after):
   """Mean and max staleness of the gradients counted between two histograms
@@ -45,16 +47,17 @@ class ShardReport:
   learner_gradients: np.ndarray = None
 
   @classmethod
-  def from_counters(cls, timestamp, pending, received, dropped, staleness_sum,
-                    staleness_max, histogram, duplicates=0,
-                    learner_gradients=()):
-    received = int(received)
-    return cls(timestamp=int(timestamp), gradients=received,
-               pending=int(pending), dropped=int(dropped),
-               histogram=np.asarray(histogram, np.int64),
-               mean=float(staleness_sum) / received if received else 0.0,
-               max=int(staleness_max), duplicates=int(duplicates),
-               learner_gradients=np.asarray(learner_gradients, np.int64))
+  def from_counters(cls, counters):
+    """The report of a shard's `transition.Counters`."""
+    received = int(counters.received)
+    return cls(timestamp=int(counters.timestamp), gradients=received,
+               pending=int(counters.pending), dropped=int(counters.dropped),
+               histogram=np.asarray(counters.histogram, np.int64),
+               mean=(float(counters.staleness_sum) / received if received
+                     else 0.0),
+               max=int(counters.staleness_max),
+               duplicates=int(counters.duplicates),
+               learner_gradients=np.asarray(counters.learners, np.int64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +79,7 @@ class StalenessReport(ShardReport):
 
   @classmethod
   def from_shards(cls, protocol, shard_counters):
-    shards = tuple(ShardReport.from_counters(*counters)
+    shards = tuple(ShardReport.from_counters(counters)
                    for counters in shard_counters)
     first = dataclasses.asdict(shards[0])
     return cls(**first, protocol=protocol.name,
@@ -86,8 +89,8 @@ class StalenessReport(ShardReport):
 
   @classmethod
   def empty(cls, protocol, bins):
-    zeros = ShardReport.from_counters(0, 0, 0, 0, 0, 0, np.zeros(bins), 0,
-                                      np.zeros(protocol.num_learners))
+    zeros = ShardReport.from_counters(
+        transition.Counters.initial(protocol, bins))
     return cls(**dataclasses.asdict(zeros), protocol=protocol.name,
         num_learners=protocol.num_learners,
         gradients_per_update=protocol.gradients_per_update, shards=())

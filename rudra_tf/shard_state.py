@@ -24,19 +24,27 @@ TensorFlow's re-run of the closure delivers it. A re-run's pushes that the
 first run had delivered are refused (push_keys.py). No gradient is applied
 twice, and the invariant above holds exactly.
 
-The protocol rules themselves come from `protocol.py`.
+The protocol rules themselves come from `protocol.py`; what a push does to
+the counters from `transition.py` and what it does to hardsync's tokens from
+`barrier.py` (pure functions the simulator calls too); the ledger's layout
+and its one write from `ledger.py`.
 """
 
 import tensorflow as tf
 
+from rudra_tf import barrier
 from rudra_tf import ledger as ledger_lib
 from rudra_tf import packing
-from rudra_tf import protocol as protocol_lib
 from rudra_tf import push_keys
 from rudra_tf import sparse
+from rudra_tf import tf_hooks
+from rudra_tf import transition
 from rudra_tf import variables as variables_lib
 
 _INT = ledger_lib.INT
+# transition.py's operations on the ledger's int64 tensors.
+_TENSOR_OPS = transition.Ops(tf.logical_and, tf.logical_not, tf.maximum,
+                             tf.minimum, ledger_lib.one)
 # Spare hardsync wake-ups rung when a learner dies: a wake-up the dead
 # learner had taken without recording it is lost with it; spares only cost
 # a waiting pull one more look at the ledger.
@@ -59,7 +67,7 @@ def _after_all_ops(fn):
     return tf.nest.map_structure(tf.identity, result)
 
 
-class ShardState(tf.__internal__.tracking.AutoTrackable):
+class ShardState(tf_hooks.AutoTrackable):
   """Clock, accumulators, statistics and lock of one parameter-server shard.
 
   Created eagerly under the strategy's scope; `pull` and `push` build graph
@@ -134,17 +142,14 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     Gradients already pending hold their token, hence λ - pending. Called
     when the shards are built and after a restore, when no learner runs.
     """
-    if self._wakeups is None:
+    if not self._protocol.barrier:
       return
-    layout = self._layout
     with tf.device(self.device):
-      old = self.ledger.read_value()
-      changes = ledger_lib.Changes(old)
-      available = self._protocol.num_learners - old[ledger_lib.LedgerLayout.PENDING]
-      changes.set(ledger_lib.LedgerLayout.AVAILABLE, available)
-      for learner in range(self._protocol.num_learners):
-        changes.set(layout.holding + learner, 0)
-      self._commit(changes)
+      changes = ledger_lib.Changes(self.ledger.read_value())
+      changes.add_all(self._layout, barrier.refill(
+          self._layout.counters(changes.old), self._protocol.num_learners))
+      new, _ = self._commit(changes)
+      available = new[self._layout.position("available")]
       self._ring(tf.maximum(available - tf.cast(self._wakeups.size(), _INT),
                             0))
 
@@ -158,15 +163,14 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     on this ps (a pull waiting for a token, a push whose bytes had arrived)
     is refused (see `_stale`). Returns the number of tokens given back.
     """
-    if self._wakeups is None:
+    if not self._protocol.barrier:
       return 0
-    slot = self._layout.holding + learner
 
     def release():
       changes = ledger_lib.Changes(self.ledger.read_value())
-      held = tf.maximum(changes.old[slot], 0)
-      changes.set(slot, 0)
-      changes.add(ledger_lib.LedgerLayout.AVAILABLE, held)
+      held, released = barrier.release(self._layout.counters(changes.old),
+                                       learner, _TENSOR_OPS)
+      changes.add_all(self._layout, released)
       self._commit(changes)
       self._next_incarnation([learner])
       return held
@@ -187,7 +191,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     """Every learner's steps so far become a dead incarnation's (eager, on
     the chief, when no closure runs): see
     `RudraStrategy._restore_barriers_after_failure`."""
-    if self._wakeups is None:
+    if not self._protocol.barrier:
       return
     learners = list(range(self._protocol.num_learners))
 
@@ -207,13 +211,13 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     forever: each call makes λ more tokens available and rings λ wake-ups.
     `refill_tokens` restores exact rounds once no closure runs.
     """
-    if self._wakeups is None:
+    if not self._protocol.barrier:
       return
     count = self._protocol.num_learners
 
     def add_tokens():
       changes = ledger_lib.Changes(self.ledger.read_value())
-      changes.add(ledger_lib.LedgerLayout.AVAILABLE, count)
+      changes.add_all(self._layout, barrier.open_barrier(count))
       self._commit(changes)
       return tf.constant(True)
     with tf.device(self.device):
@@ -243,11 +247,8 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
 
   def token_counts(self):
     """Hardsync tokens: (available, held by each learner), read eagerly."""
-    ledger = self._read_ledger()
-    holding = self._layout.holding
-    return (int(ledger[ledger_lib.LedgerLayout.AVAILABLE]),
-            [int(h) for h in ledger[holding:holding +
-                                    self._protocol.num_learners]])
+    counters = self._layout.counters(self._read_ledger())
+    return int(counters.available), [int(h) for h in counters.holding]
 
   def _stale(self, learner, incarnation):
     """True for a step of a learner incarnation the chief saw die."""
@@ -265,16 +266,12 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     its wake-up on. `after`: a True bool tensor the wait must follow (the
     previous shard's token), or None.
     """
-    layout = self._layout
-
     def attempt():
       changes = ledger_lib.Changes(self.ledger.live_read())
       stale = self._stale(learner, incarnation)
-      take = tf.logical_and(changes.old[ledger_lib.LedgerLayout.AVAILABLE] > 0,
-                            tf.logical_not(stale))
-      changes.add(ledger_lib.LedgerLayout.AVAILABLE, -ledger_lib.one(take))
-      if learner is not None:
-        changes.add(layout.holding + learner, ledger_lib.one(take))
+      take, taken = barrier.take(self._layout.counters(changes.old), learner,
+                                 tf.logical_not(stale), _TENSOR_OPS)
+      changes.add_all(self._layout, taken)
       _, written = self._commit(changes)
       with tf.control_dependencies(written):
         tf.cond(stale, lambda: _after_all_ops(lambda: self._ring(1)),
@@ -308,7 +305,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
         weights = [v.live_read() for v in self._model_variables]
         return [self.ledger.live_read()[ledger_lib.LedgerLayout.TIMESTAMP]] + (
             packing.pack(weights) if weights else [])
-      if self._wakeups is not None:
+      if self._protocol.barrier:
         # The version cannot change between the take and the read: its
         # update needs this learner's gradient.
         learner = (None if pulled.learner is None
@@ -346,7 +343,8 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       pulled_timestamp: the shard timestamp the gradient was computed at.
       apply_update: fn(list of (mean gradient, variable), timestamp) that
         applies one update with the inner optimizer; called inside the lock.
-      lr_policy: the StalenessAwareOptimizer's lr_policy.
+      lr_policy: the StalenessAwareOptimizer's
+        `protocol.LearningRatePolicy` (each gradient's weight w(σ)).
       max_staleness: None, or the largest staleness that is accepted.
       consistent: False lets async (c = 1, no barrier) apply the update
         outside the lock, as stock ParameterServerStrategy does: the clock,
@@ -367,37 +365,23 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     # Everything the learner sends is copied to the ps before the lock is
     # taken: the lock is never held while bytes travel, and a learner that
     # dies mid-transfer cannot leave the shard locked. It is packed on the
-    # learner: the dense gradients, the int64 metadata, and each row
-    # gradient as its values and indices (their count varies by batch).
+    # learner (packing.encode_push).
     dense = [(g, v) for g, v in grads_and_vars if not sparse.is_rows(g)]
     rows = [(g, v) for g, v in grads_and_vars if sparse.is_rows(g)]
-    sent = packing.pack([gradient for gradient, _ in dense]) if dense else []
-    num_packed = len(sent)
-    for gradient, _ in rows:
-      sent += [gradient.values, gradient.indices]
     metadata = {"learner": learner, "incarnation": incarnation}
     if push_key is not None:
       metadata.update(key=push_key.key, limit=push_key.limit)
-    metadata = {name: tf.cast(value, _INT)
-                for name, value in metadata.items() if value is not None}
-    if metadata:
-      sent.append(tf.stack(list(metadata.values())))
+    metadata = {name: value for name, value in metadata.items()
+                if value is not None}
+    sent = packing.encode_push([g for g, _ in dense], [g for g, _ in rows],
+                               metadata)
     with tf.device(self.device):
       arrived = [tf.identity(tensor) for tensor in sent]
-      if metadata:
-        metadata = dict(zip(metadata, tf.unstack(arrived[-1])))
-      gradient_of = {}
-      if dense:
-        gradients = packing.unpack(
-            arrived[:num_packed],
-            [tf.TensorSpec(v.shape, g.dtype) for g, v in dense])
-        gradient_of.update(
-            (id(v), g) for g, (_, v) in zip(gradients, dense))
-      for position, (_, variable) in zip(
-          range(num_packed, num_packed + 2 * len(rows), 2), rows):
-        gradient_of[id(variable)] = tf.IndexedSlices(
-            arrived[position], arrived[position + 1],
-            tf.constant(variable.shape.as_list(), _INT))
+      gradients, row_gradients, metadata = packing.decode_push(
+          arrived, [tf.TensorSpec(v.shape, g.dtype) for g, v in dense],
+          [v.shape.as_list() for _, v in rows], list(metadata))
+      gradient_of = {id(v): g for g, (_, v) in
+                     zip(gradients + row_gradients, dense + rows)}
       learner = metadata.get("learner")
       incarnation = metadata.get("incarnation")
       if push_key is not None:
@@ -405,7 +389,7 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
     with tf.control_dependencies(arrived), tf.device(self.device), \
         variables_lib.live_reads():
       if not consistent and self._protocol.gradients_per_update == 1 and \
-          self._wakeups is None:
+          not self._protocol.barrier:
         return self._push_unlocked(gradient_of, pulled_timestamp,
                                    apply_update, lr_policy, max_staleness,
                                    push_key, learner)
@@ -419,63 +403,29 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
               learner, incarnation):
     """A push's ledger changes (inside the lock; written by the caller).
 
-    Returns a dict of int64/bool tensors: staleness, delivered (counted as
-    received), accepted (goes into an update), complete (this gradient
-    completes an update) and tokens_back (hardsync tokens made available).
+    The protocol's transition (`transition.push`) plus the push key's
+    record (push_keys.py). Returns the `transition.Push` (int64/bool
+    tensors).
     """
     layout, old = self._layout, changes.old
-    c = self._protocol.gradients_per_update
-    staleness = old[ledger_lib.LedgerLayout.TIMESTAMP] - pulled_timestamp
-    stale = self._stale(learner, incarnation) if self._wakeups is not None \
-        else tf.constant(False)
+    live = tf.constant(True)
+    if self._protocol.barrier:
+      live = tf.logical_not(self._stale(learner, incarnation))
     fresh = tf.constant(True)
     if push_key is not None:
       if learner is None:
         raise ValueError("A keyed push needs the pushing learner's index.")
       key_seen = push_keys.seen(layout, old, push_key.key, learner)
       fresh = push_keys.fresh(key_seen, push_key.limit)
-    delivered = fresh & tf.logical_not(stale)
-    accepted = delivered
-    if max_staleness is not None:
-      accepted = accepted & protocol_lib.accepts_gradient(staleness,
-                                                          max_staleness)
-    pending = old[ledger_lib.LedgerLayout.PENDING]
-    complete = accepted & (pending + 1 >= c)
-
-    changes.add(ledger_lib.LedgerLayout.RECEIVED, ledger_lib.one(delivered))
-    changes.add(ledger_lib.LedgerLayout.STALENESS_SUM, staleness * ledger_lib.one(delivered))
-    changes.set(ledger_lib.LedgerLayout.STALENESS_MAX,
-                tf.maximum(old[ledger_lib.LedgerLayout.STALENESS_MAX], staleness),
-                when=delivered)
-    changes.add(layout.histogram + tf.minimum(staleness, layout.bins - 1),
-                ledger_lib.one(delivered))
-    if learner is not None:
-      changes.add(layout.learners + learner, ledger_lib.one(delivered))
-    changes.add(ledger_lib.LedgerLayout.DROPPED,
-                ledger_lib.one(delivered & tf.logical_not(accepted)))
-    changes.add(ledger_lib.LedgerLayout.DUPLICATES, ledger_lib.one(tf.logical_not(delivered)))
-    changes.set(ledger_lib.LedgerLayout.PENDING,
-                tf.where(complete, tf.zeros_like(pending), pending + 1),
-                when=accepted)
-    changes.add(ledger_lib.LedgerLayout.TIMESTAMP, ledger_lib.one(complete))
+    push = transition.push(
+        layout.counters(old), pulled_timestamp, self._protocol, layout.bins,
+        max_staleness=max_staleness, learner=learner, fresh=fresh, live=live,
+        ops=_TENSOR_OPS)
+    changes.add_all(layout, push.changes)
     if push_key is not None:
       push_keys.record(changes, layout, push_key.key, learner, key_seen,
-                       delivered)
-    tokens_back = tf.constant(0, _INT)
-    if self._wakeups is not None:
-      # A dead incarnation's token was given back when it was released;
-      # otherwise the push returns the learner's token: to the round if its
-      # gradient was not taken, and an update hands out λ new ones.
-      live = tf.logical_not(stale)
-      if learner is not None:
-        held = old[layout.holding + learner]
-        changes.set(layout.holding + learner, tf.maximum(held - 1, 0),
-                    when=live)
-      tokens_back = (ledger_lib.one(live & tf.logical_not(accepted)) +
-                     ledger_lib.one(complete) * self._protocol.num_learners)
-      changes.add(ledger_lib.LedgerLayout.AVAILABLE, tokens_back)
-    return dict(staleness=staleness, delivered=delivered, accepted=accepted,
-                complete=complete, tokens_back=tokens_back)
+                       push.delivered)
+    return push
 
   def _push_locked(self, gradient_of, pulled_timestamp, apply_update,
                    lr_policy, max_staleness, push_key, learner, incarnation):
@@ -486,8 +436,8 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
                         learner, incarnation)
     _, written = self._commit(changes)
     timestamp = changes.old[ledger_lib.LedgerLayout.TIMESTAMP]
-    weight = protocol_lib.staleness_weight(
-        lr_policy, tf.cast(push["staleness"], tf.float32), maximum=tf.maximum)
+    weight = lr_policy.weight(tf.cast(push.staleness, tf.float32),
+                              maximum=tf.maximum)
 
     def take_gradient():
       if c == 1:  # async: the update is this gradient; no accumulator trip
@@ -501,19 +451,19 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       return tf.constant(True)
 
     with tf.control_dependencies(written):
-      took = tf.cond(push["accepted"], lambda: _after_all_ops(take_gradient),
+      took = tf.cond(push.accepted, lambda: _after_all_ops(take_gradient),
                      lambda: tf.constant(False))
     if c > 1:
       with tf.control_dependencies([took]):
         took = tf.cond(
-            push["complete"],
+            push.complete,
             lambda: _after_all_ops(lambda: self._apply_mean(apply_update, c,
                                                             timestamp)),
             lambda: tf.constant(False))
-    if self._wakeups is not None:
+    if self._protocol.barrier:
       with tf.control_dependencies([took]):
-        self._ring(push["tokens_back"])
-    return tf.where(push["delivered"], push["staleness"],
+        self._ring(push.tokens_back)
+    return tf.where(push.delivered, push.staleness,
                     tf.constant(-1, _INT))
 
   def _push_unlocked(self, gradient_of, pulled_timestamp, apply_update,
@@ -528,15 +478,15 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
       push = self._record(changes, pulled_timestamp, max_staleness, push_key,
                           learner, None)
       self._commit(changes)
-      return (push["staleness"], push["accepted"], push["delivered"],
+      return (push.staleness, push.accepted, push.delivered,
               changes.old[ledger_lib.LedgerLayout.TIMESTAMP])
 
     staleness, accepted, delivered, timestamp = self._lock.execute(
         lambda: _after_all_ops(locked), exclusive_resource_access=False)
 
     def apply():
-      weight = protocol_lib.staleness_weight(
-          lr_policy, tf.cast(staleness, tf.float32), maximum=tf.maximum)
+      weight = lr_policy.weight(tf.cast(staleness, tf.float32),
+                                maximum=tf.maximum)
       gradients = self._weighted(weight, gradient_of)
       apply_update(gradients, timestamp)
       with tf.control_dependencies(
@@ -571,15 +521,6 @@ class ShardState(tf.__internal__.tracking.AutoTrackable):
 
   # ------------------------------------------------------------------ report
   def read_statistics(self):
-    """Eager, consistent read of the counters (under the lock).
-
-    Returns the arguments of `report.ShardReport.from_counters`.
-    """
-    ledger = self._read_ledger()
-    layout = self._layout
-    return [ledger[layout.TIMESTAMP], ledger[layout.PENDING],
-            ledger[layout.RECEIVED], ledger[layout.DROPPED],
-            ledger[layout.STALENESS_SUM], ledger[layout.STALENESS_MAX],
-            ledger[layout.histogram:layout.learners],
-            ledger[layout.DUPLICATES],
-            ledger[layout.learners:layout.holding]]
+    """The shard's `transition.Counters` (numpy), read eagerly under the
+    lock: one consistent version."""
+    return self._layout.counters(self._read_ledger())

@@ -1,9 +1,10 @@
 """A one-process simulator of Rudra's protocols: λ virtual learners, one PS.
 
-No servers: the parameter server's protocol state (`ProtocolServer`) follows
-exactly the rules of the real strategy's shards (`rudra_tf/protocol.py`: c,
-the learning-rate multiplier, staleness weights, the drop rule, the
-histogram; hardsync's λ pull tokens per version), and a learner-speed model
+No servers: the parameter server's protocol state (`ProtocolServer`) goes
+through the very transitions the real strategy's shards make
+(`transition.push`: σ, the drop rule, c, the clock, the histogram;
+`barrier.take`: hardsync's λ pull tokens per version; `protocol.py`: the
+learning-rate multiplier and staleness weights), and a learner-speed model
 decides the order of the pushes. Deterministic for a seed.
 
 The protocol engine (`run_protocol`) is pure Python; the model math
@@ -24,8 +25,10 @@ import heapq
 
 import numpy as np
 
+from rudra_tf import barrier
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import report as report_lib
+from rudra_tf import transition
 
 SPEED_MODELS = ("equal", "random", "straggler")
 
@@ -90,56 +93,77 @@ class SpeedModel:
 
 
 class ProtocolServer:
-  """One parameter-server shard's protocol state, as `ShardState` keeps it."""
+  """One parameter-server shard's protocol state, on numbers.
+
+  The shard's own transitions (`transition.push`, `barrier.take`) applied
+  to its named counters (`transition.Counters`): what a `ShardState` does
+  to its ledger, less the push keys and learner incarnations (no closure
+  is ever re-run here).
+  """
 
   def __init__(self, protocol, lr_policy="none", max_staleness=None):
     self.protocol = protocol
-    self.lr_policy = protocol_lib.validate_lr_policy(lr_policy)
+    self.lr_policy = protocol_lib.LearningRatePolicy.create(lr_policy,
+                                                            protocol)
     self.max_staleness = protocol_lib.validate_max_staleness(max_staleness)
     self.bins = protocol_lib.histogram_bins(protocol.num_learners)
-    self.timestamp = self.pending = self.received = self.dropped = 0
-    self.staleness_sum = self.staleness_max = 0
-    self.histogram = np.zeros(self.bins, np.int64)
-    self.tokens = protocol.num_learners if protocol.barrier else None
+    self.counters = transition.Counters.initial(protocol, self.bins)
+
+  @property
+  def timestamp(self):
+    return int(self.counters.timestamp)
+
+  @property
+  def pending(self):
+    return int(self.counters.pending)
+
+  @property
+  def received(self):
+    return int(self.counters.received)
+
+  @property
+  def dropped(self):
+    return int(self.counters.dropped)
+
+  @property
+  def histogram(self):
+    return self.counters.histogram
+
+  @property
+  def tokens(self):
+    """Hardsync tokens available (None without a barrier)."""
+    return int(self.counters.available) if self.protocol.barrier else None
 
   def can_pull(self):
-    return self.tokens is None or self.tokens > 0
+    return not self.protocol.barrier or self.counters.available > 0
 
-  def pull(self):
+  def pull(self, learner=None):
     """Returns the timestamp a pull reads (taking a hardsync token)."""
     if not self.can_pull():
       raise RuntimeError("hardsync pull without a token")
-    if self.tokens is not None:
-      self.tokens -= 1
+    if self.protocol.barrier:
+      _, changes = barrier.take(self.counters, learner, True,
+                                transition.NUMPY_OPS)
+      self.counters = transition.apply(self.counters, changes)
     return self.timestamp
 
-  def push(self, pulled_timestamp):
-    """Records one gradient; returns (its weight or None if dropped, σ)."""
-    staleness = self.timestamp - pulled_timestamp
-    self.received += 1
-    self.histogram[min(staleness, self.bins - 1)] += 1
-    self.staleness_sum += staleness
-    self.staleness_max = max(self.staleness_max, staleness)
-    if not protocol_lib.accepts_gradient(staleness, self.max_staleness):
-      self.dropped += 1
+  def push(self, pulled_timestamp, learner=None):
+    """Records one gradient; returns (its weight or None if dropped, σ).
+
+    The clock moves on when the gradient completes an update.
+    """
+    push = transition.push(self.counters, pulled_timestamp, self.protocol,
+                           self.bins, max_staleness=self.max_staleness,
+                           learner=learner)
+    self.counters = transition.apply(self.counters, push.changes)
+    staleness = int(push.staleness)
+    if not push.accepted:
       return None, staleness
-    self.pending += 1
-    return protocol_lib.staleness_weight(self.lr_policy, staleness), staleness
-
-  @property
-  def update_due(self):
-    return self.pending >= self.protocol.gradients_per_update
-
-  def complete_update(self):
-    self.pending = 0
-    self.timestamp += 1
-    if self.tokens is not None:
-      self.tokens += self.protocol.num_learners
+    return self.lr_policy.weight(staleness), staleness
 
   def report(self):
-    return report_lib.StalenessReport.from_shards(self.protocol, [[
-        self.timestamp, self.pending, self.received, self.dropped,
-        self.staleness_sum, self.staleness_max, self.histogram.copy()]])
+    return report_lib.StalenessReport.from_shards(self.protocol,
+                                                  [self.counters])
 
 
 def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
@@ -173,7 +197,7 @@ def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
     if not server.can_pull():
       waiting.append(learner)
       return
-    pulled[learner] = server.pull()
+    pulled[learner] = server.pull(learner)
     if on_pull:
       on_pull(learner)
     schedule(now + speed.step_time(learner, rng), learner, False)
@@ -185,14 +209,14 @@ def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
     if is_pull:
       start(learner, now)
       continue
-    weight, staleness = server.push(pulled[learner])
+    version = server.timestamp
+    weight, staleness = server.push(pulled[learner], learner)
     if on_push:
       on_push(learner, weight)
     pushes.append((now, learner, staleness))
-    if server.update_due:
+    if server.timestamp > version:  # the push completed an update
       if on_update:
-        on_update(server.timestamp)
-      server.complete_update()
+        on_update(version)
       while waiting and server.can_pull():
         start(waiting.popleft(), now)
     if speed.gap:
@@ -268,9 +292,9 @@ def _numpy_batches(data, learner, num_learners, minibatch, seed):
   """The learner's batches as numpy (x, y): fast for in-memory data."""
   if hasattr(data, "learner_batches"):
     return data.learner_batches(learner, num_learners, minibatch, seed)
-  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   dataset = data.learner_dataset(
-      distribute_lib.InputContext(num_learners, learner), minibatch, seed=seed)
+      tf.distribute.InputContext(num_learners, learner), minibatch, seed=seed)
   return ((x.numpy(), y.numpy()) for x, y in dataset)
 
 
@@ -298,7 +322,7 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
   tf_keras.utils.set_random_seed(seed)
   parsed = protocol_lib.parse_protocol(protocol, num_learners)
   server = ProtocolServer(parsed, lr_policy, max_staleness)
-  multiplier = protocol_lib.learning_rate_multiplier(lr_policy, parsed)
+  multiplier = server.lr_policy.multiplier
   schedule = learning_rate if callable(learning_rate) else (
       lambda _: learning_rate)
   math = KerasModelMath(model_fn, tf_keras.optimizers.SGD(

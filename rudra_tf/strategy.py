@@ -1,18 +1,9 @@
 """RudraStrategy: TensorFlow's parameter-server strategy with Rudra's protocols."""
 
 import contextlib
-import sys
 
 from absl import logging
 import tensorflow as tf
-from tensorflow.python.autograph.core import ag_ctx
-from tensorflow.python.autograph.impl import api as autograph
-from tensorflow.python.distribute import distribute_lib
-from tensorflow.python.distribute import input_util
-from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
-from tensorflow.python.distribute.coordinator import coordinator_context
-from tensorflow.python.eager import context
-from tensorflow.python.framework import ops
 
 from rudra_tf import coordinator as coordinator_lib
 # Imported for its registration with tf_keras: a model saved with the
@@ -21,6 +12,7 @@ from rudra_tf import optimizer as _  # pylint: disable=unused-import
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import report as report_lib
 from rudra_tf import sparse
+from rudra_tf import tf_hooks
 from rudra_tf import variables as variables_lib
 from rudra_tf.shard_state import ShardState
 
@@ -36,34 +28,17 @@ _INFERENCE_STEP_BUILDERS = ("make_test_function", "_make_test_function_exact",
 # multi-step train function gets its value as an argument): on a ps task
 # each read is a blocking RPC that stalls the chief's scheduling loop.
 _CHIEF_COUNTER_BUILDERS = ("_configure_steps_per_execution",)
-# Enough frames to reach the builder from the strategy's variable creator.
-_CREATOR_FRAMES_TO_SEARCH = 16
-
-
-def _created_by_chief_counter_builder():
-  """True while tf_keras builds a counter that only the chief reads."""
-  frame = sys._getframe(1)  # pylint: disable=protected-access
-  for _ in range(_CREATOR_FRAMES_TO_SEARCH):
-    if frame is None:
-      return False
-    if (frame.f_code.co_name in _CHIEF_COUNTER_BUILDERS and
-        frame.f_globals.get("__name__", "").startswith("tf_keras.")):
-      return True
-    frame = frame.f_back
-  return False
 
 
 def _is_inference_step(fn):
-  qualname = getattr(fn, "__qualname__", "")
-  return any(f"{name}.<locals>" in qualname
-             for name in _INFERENCE_STEP_BUILDERS)
+  return tf_hooks.is_step_of(fn, _INFERENCE_STEP_BUILDERS)
 
 
 def _count_tasks(cluster_resolver, job):
   return len(cluster_resolver.cluster_spec().as_dict().get(job, ()))
 
 
-class RudraExtended(pss.ParameterServerStrategyV2Extended):
+class RudraExtended(tf_hooks.ParameterServerExtended):
   """ParameterServerStrategyV2Extended with Rudra's variables and update path.
 
   RudraStrategy swaps its `extended` object to this class after
@@ -87,13 +62,13 @@ class RudraExtended(pss.ParameterServerStrategyV2Extended):
     return rudra_variable_creator
 
   def _create_variable(self, next_creator, **kwargs):
-    if not _created_by_chief_counter_builder():
+    if not tf_hooks.created_by_model_method(_CHIEF_COUNTER_BUILDERS):
       return super()._create_variable(next_creator, **kwargs)
     # On the chief (see _CHIEF_COUNTER_BUILDERS): a local read per closure
     # instead of an RPC to a ps. Stock ParameterServerStrategy pays that RPC
     # (about 5 ms a closure on a busy 2-core machine).
-    chief_cpu = context.context().host_address_space() + "/device:CPU:0"
-    with ops.colocate_with(None, ignore_existing=True), ops.device(chief_cpu):
+    with tf_hooks.colocated_with_nothing(), tf.device(
+        tf_hooks.chief_cpu_device()):
       return self._create_var_creator(next_creator, **kwargs)(**kwargs)
 
   def _distribute_datasets_from_function(self, dataset_fn, options):
@@ -102,14 +77,12 @@ class RudraExtended(pss.ParameterServerStrategyV2Extended):
       return super()._distribute_datasets_from_function(dataset_fn, options)
     # Traced for one learner by RudraCoordinator: tell the dataset function
     # which of the λ input pipelines it is, so that it can read its shard.
-    input_context = distribute_lib.InputContext(
+    input_context = tf.distribute.InputContext(
         num_input_pipelines=self._container_strategy().num_learners,
         input_pipeline_id=learner,
         num_replicas_in_sync=self._num_replicas_in_sync)
-    return input_util.get_distributed_datasets_from_function(
-        dataset_fn, self._input_workers_with_options(options),
-        [input_context], self._container_strategy(), options=options,
-        build=ops.inside_function())
+    return tf_hooks.distributed_datasets_from_function(
+        self, dataset_fn, options, input_context)
 
   def _update(self, var, fn, args, kwargs, group):
     # Keyed on the variable, not on the pull: tf_keras optimizers reach here
@@ -248,10 +221,9 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     self._consistent_pulls = consistent_pulls
     self._trainable_variables = []
     self._shards = None
-    self._optimizer = None
     self._incarnations = [0] * num_learners
     super().__init__(cluster_resolver, variable_partitioner)
-    self._extended.__class__ = RudraExtended
+    tf_hooks.use_extended_class(self, RudraExtended)
     # ClusterCoordinator is one per strategy: tf_keras's fit then finds this.
     coordinator_lib.RudraCoordinator(self)
 
@@ -284,13 +256,15 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   def _is_protocol_variable(self, variable):
     return any(variable is v for v in self._trainable_variables)
 
-  def _attach_optimizer(self, optimizer):
-    self._optimizer = optimizer
-    if self._shards is not None:
-      optimizer._track_shards(self._shards)  # pylint: disable=protected-access
+  # ------------------------------------------- what the optimizer uses
+  def build_shards(self):
+    """The parameter-server shards (`ShardState`s), built on the first call.
 
-  def _ensure_shards(self):
-    """Creates one ShardState per ps task holding trainable variables."""
+    One per ps task holding trainable variables, in device order. Called
+    by `StalenessAwareOptimizer.build` (the protocol state is built with the
+    slots, so that a checkpoint restored before training restores it too)
+    and by the first traced pull.
+    """
     if self._shards is not None:
       return self._shards
     if not self._trainable_variables:
@@ -309,10 +283,45 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
                 for index, device_variables in
                 enumerate(by_device[d] for d in sorted(by_device))]
       self._shards = shards
-      if self._optimizer is not None:
-        self._optimizer._track_shards(shards)  # pylint: disable=protected-access
-      self._refill_tokens()
+      self.restore_exact_rounds()
     return shards
+
+  def push_gradients(self, grads_and_vars, pulled, apply_update, lr_policy):
+    """Pushes one learner's gradients, shard by shard (graph code).
+
+    Args:
+      grads_and_vars: the learner's (gradient, variable) pairs.
+      pulled: the step's `variables.PulledWeights`.
+      apply_update: fn(list of (mean gradient, variable), timestamp): one
+        update with the inner optimizer, run on the shard.
+      lr_policy: the `protocol.LearningRatePolicy` (w(σ) on the shard).
+
+    Returns:
+      Each shard's staleness of this gradient (-1 for a refused duplicate).
+    """
+    per_shard = {}
+    for gradient, variable in _split_sharded(grads_and_vars):
+      shard = self._shard_of(variable)
+      # A row gradient (an embedding lookup's) travels as its rows.
+      gradient = (sparse.deduplicate(gradient) if sparse.is_rows(gradient)
+                  else tf.convert_to_tensor(gradient))
+      per_shard.setdefault(shard.index, []).append((gradient, variable))
+    staleness = []
+    for shard in self._shards:
+      if shard.index in per_shard:
+        staleness.append(shard.push(
+            per_shard[shard.index], pulled.timestamps[shard.index],
+            apply_update, lr_policy, self._max_staleness,
+            consistent=self._consistent_pulls, push_key=pulled.push_key,
+            learner=pulled.learner, incarnation=pulled.incarnation))
+    return staleness
+
+  def restore_exact_rounds(self):
+    """Hardsync: each shard's tokens recomputed from its pending gradients
+    (`barrier.refill`), when no learner runs: after the shards are built
+    and after their state is restored (chief side)."""
+    for shard in self._shards or ():
+      shard.refill_tokens()
 
   def _shard_of(self, variable):
     for shard in self._shards:
@@ -327,11 +336,11 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     """Runs `fn` on a learner; training steps see a pull of the weights."""
     if _is_inference_step(fn):
       return super().run(fn, args, kwargs, options)
-    converted = autograph.tf_convert(fn, ag_ctx.control_status_ctx())
+    converted = tf_hooks.autograph_converted(fn)
     push_key = coordinator_lib.current_push_key()
-    if push_key is not None and not _inside_autograph_trial():
+    if push_key is not None and not tf_hooks.inside_autograph_trial():
       push_key.runs += 1
-      push_key.in_loop |= _inside_while_loop()
+      push_key.in_loop |= tf_hooks.inside_while_loop()
 
     @tf.autograph.experimental.do_not_convert
     def pulled_step(*step_args, **step_kwargs):
@@ -351,39 +360,20 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     # in any order, two learners could each hold the last token of a round
     # on a different shard and wait forever for the other's.
     taken = None
-    for shard in self._ensure_shards():
+    for shard in self.build_shards():
       taken = shard.pull(pulled, consistent=self._consistent_pulls,
                          after=taken)
     return pulled
-
-  def _push(self, grads_and_vars, pulled, apply_update, lr_policy):
-    """Pushes one learner's gradients, shard by shard (graph code)."""
-    per_shard = {}
-    for gradient, variable in _split_sharded(grads_and_vars):
-      shard = self._shard_of(variable)
-      # A row gradient (an embedding lookup's) travels as its rows.
-      gradient = (sparse.deduplicate(gradient) if sparse.is_rows(gradient)
-                  else tf.convert_to_tensor(gradient))
-      per_shard.setdefault(shard.index, []).append((gradient, variable))
-    staleness = []
-    for shard in self._shards:
-      if shard.index in per_shard:
-        staleness.append(shard.push(
-            per_shard[shard.index], pulled.timestamps[shard.index],
-            apply_update, lr_policy, self._max_staleness,
-            consistent=self._consistent_pulls, push_key=pulled.push_key,
-            learner=pulled.learner, incarnation=pulled.incarnation))
-    return staleness
 
   def _current_incarnation(self):
     """The dispatching learner's incarnation (a call-time int64 tensor)."""
     incarnations = self._incarnations
 
     def at_dispatch():
-      context = coordinator_context.get_current_dispatch_context()
-      return incarnations[context.worker_index] if context else 0
-    return ops.get_default_graph().capture_call_time_value(
-        at_dispatch, tf.TensorSpec([], tf.int64))
+      learner = tf_hooks.dispatching_worker_index()
+      return 0 if learner is None else incarnations[learner]
+    return tf_hooks.capture_at_dispatch(at_dispatch,
+                                        tf.TensorSpec([], tf.int64))
 
   def _learner_failed(self, learner):
     """Called by RudraCoordinator as TF re-queues a dead learner's closure.
@@ -430,11 +420,6 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
         return False
     return True
 
-  def _refill_tokens(self):
-    """Exact hardsync rounds again, once no closure runs (chief side)."""
-    for shard in self._shards or ():
-      shard.refill_tokens()
-
   def _restore_barriers_after_failure(self):
     """Exact hardsync rounds after a failed fit, before its next closure.
 
@@ -449,7 +434,7 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       self._incarnations[learner] += 1  # closures dispatched from now on
     for shard in self._shards or ():
       shard.retire_incarnations()
-    self._refill_tokens()
+    self.restore_exact_rounds()
 
   # ----------------------------------------------------------------- report
   def staleness_report(self):
@@ -466,42 +451,14 @@ def _current_learner():
   return tf.distribute.coordinator.experimental_get_current_worker_index()
 
 
-def _enclosing_graph_names():
-  """Names of the graph being traced and of each graph around it."""
-  graph = ops.get_default_graph()
-  while graph is not None:
-    yield getattr(graph, "name", None) or ""
-    graph = getattr(graph, "outer_graph", None)
-
-
-def _inside_while_loop():
-  """True while tracing the body of a tf.while_loop (a multi-step loop)."""
-  return any(name.startswith("while_body")
-             for name in _enclosing_graph_names())
-
-
-# Autograph stages one trial iteration of a loop whose variables are not
-# defined before it (tf_keras's multi-step train function: `outputs`) in a
-# throw-away graph of this name, before the real loop; a strategy.run traced
-# there never runs.
-_AUTOGRAPH_TRIAL_GRAPH = "tmp"
-
-
-def _inside_autograph_trial():
-  """True while autograph stages its trial loop iteration (see above)."""
-  return _AUTOGRAPH_TRIAL_GRAPH in _enclosing_graph_names()
-
-
 def _split_sharded(grads_and_vars):
   """Expands (gradient, ShardedVariable) pairs into per-part pairs, each
   with the strategy's own variable (no mixed-precision wrapper)."""
-  from tf_keras.src.mixed_precision import autocast_variable  # pylint: disable=g-import-not-at-top
   for gradient, variable in grads_and_vars:
     # mixed_bfloat16 layers hand out an AutoCastVariable around the
     # strategy's variable; the gradient is that (float32) variable's.
-    if isinstance(variable, autocast_variable.AutoCastVariable):
-      variable = variable._variable  # pylint: disable=protected-access
-    if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+    variable = tf_hooks.unwrap_autocast(variable)
+    if isinstance(variable, tf_hooks.ShardedVariable):
       parts = variable.variables
       sizes = [part.shape[0] for part in parts]
       if sparse.is_rows(gradient):

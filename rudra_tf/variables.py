@@ -19,10 +19,8 @@ import contextlib
 import threading
 
 import tensorflow as tf
-from tensorflow.python.distribute import ps_values
-from tensorflow.python.eager import record
-from tensorflow.python.framework import ops
-from tensorflow.python.ops import resource_variable_ops
+
+from rudra_tf import tf_hooks
 
 _state = threading.local()
 
@@ -78,7 +76,7 @@ def live_reads():
     yield
 
 
-class RudraVariable(ps_values.CachingVariable):
+class RudraVariable(tf_hooks.CachingVariable):
   """A ps variable whose reads return the current pull's snapshot, if any."""
 
   def _pulled_value(self):
@@ -90,11 +88,8 @@ class RudraVariable(ps_values.CachingVariable):
       return None
     # Recorded at every read, not cached: a read inside a loop or cond body
     # must record its own tape entry in that body's graph.
-    resource_variable_ops.variable_accessed(self._v)
     value = tf.identity(snapshot)
-    record.record_operation("ReadVariableOp", [value], [self._v.handle],
-                            backward_function=lambda gradient: [gradient],
-                            forward_function=lambda value: [value])
+    tf_hooks.record_variable_read(tf_hooks.wrapped_variable(self), value)
     return value
 
   def value(self):
@@ -123,9 +118,9 @@ class RudraVariable(ps_values.CachingVariable):
       return super().sparse_read(indices, name=name)
     # tf.nn.embedding_lookup colocates the lookup with the variable (a ps
     # task); a pulled lookup runs on the learner, where the snapshot is.
-    with ops.colocate_with(None, ignore_existing=True):
+    with tf_hooks.colocated_with_nothing():
       return tf.gather(self._pulled_value(), indices, name=name)
 
   def live_read(self):
     """Reads the wrapped variable, ignoring any pull (for the ps side)."""
-    return self._v.read_value()
+    return tf_hooks.wrapped_variable(self).read_value()

@@ -7,6 +7,10 @@ import sys
 import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A job that trains in seconds: 2 learners, 12 async steps of a small MLP.
+SMALL_JOB = ["--model=mlp", "--dataset=synthetic", "--learners=2",
+             "--ps_tasks=1", "--protocol=async", "--epochs=1",
+             "--steps_per_epoch=12", "--minibatch=8"]
 
 
 def launch(args, env_extra=None, **popen):

@@ -60,11 +60,11 @@ def _saves_and_resumes(directory, protocol, every_steps=None, every_secs=None,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
   from rudra_tf import checkpointing  # pylint: disable=g-import-not-at-top
-  from tests import scenarios  # pylint: disable=g-import-not-at-top
-  _, strategy = scenarios._connect(1, 2, protocol)  # pylint: disable=protected-access
-  model = scenarios._compiled_mlp(strategy, "sgd_momentum", "none")  # pylint: disable=protected-access
-  x, y = scenarios._data()  # pylint: disable=protected-access
-  dataset = scenarios._dataset(x, y, 8)  # pylint: disable=protected-access
+  from tests import cluster_fixtures  # pylint: disable=g-import-not-at-top
+  _, strategy = cluster_fixtures.connect_cluster(1, 2, protocol)
+  model = cluster_fixtures.compiled_mlp(strategy, "sgd_momentum", "none")
+  x, y = cluster_fixtures.synthetic_data()
+  dataset = cluster_fixtures.repeated_batches(x, y, 8)
   checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
   manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=100)
   saved_lines = []
@@ -83,11 +83,11 @@ def _saves_and_resumes(directory, protocol, every_steps=None, every_secs=None,
   if resume_from is not None:
     path = os.path.join(directory, f"ckpt-{resume_from}")
     checkpoint.restore(path).assert_existing_objects_matched()
-    before = scenarios._report(strategy)  # pylint: disable=protected-access
+    before = cluster_fixtures.report_as_dict(strategy)
     histories = checkpointing.fit_from(
         model, dataset, steps_done=checkpointing.steps_done(path),
         epochs=epochs, steps_per_epoch=steps, verbose=0)
-    resumed = {"before": before, "after": scenarios._report(strategy),  # pylint: disable=protected-access
+    resumed = {"before": before, "after": cluster_fixtures.report_as_dict(strategy),
                "fits": [(h.epoch, h.params["steps"]) for h in histories],
                "finite": bool(all(np.isfinite(h.history["loss"]).all()
                                   for h in histories))}

@@ -83,3 +83,36 @@ def test_bad_input_gets_a_clear_error():
 
   with pytest.raises(ValueError, match=r"unknown shape \(None,\)"):
     pack_unknown.get_concrete_function()
+
+
+def test_a_push_decodes_to_what_was_encoded():
+  # Two dense gradients (one float32 group), a row gradient of a [5, 2]
+  # table (rows 1 and 3), and the metadata: 1 + 2 + 1 tensors cross.
+  dense = [tf.constant([[1., 2.], [3., 4.]]), tf.constant([5.])]
+  rows = tf.IndexedSlices(tf.constant([[6., 7.], [8., 9.]]),
+                          tf.constant([1, 3], tf.int64))
+  metadata = {"learner": tf.constant(2, tf.int64),
+              "key": tf.constant(41, tf.int64)}
+  sent = packing.encode_push(dense, [rows], metadata)
+  assert len(sent) == 4
+  np.testing.assert_array_equal(sent[-1].numpy(), [2, 41])
+  got_dense, got_rows, got_metadata = packing.decode_push(
+      sent, dense, [[5, 2]], list(metadata))
+  for got, want in zip(got_dense, dense):
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+  row, = got_rows
+  np.testing.assert_array_equal(row.values.numpy(), [[6., 7.], [8., 9.]])
+  np.testing.assert_array_equal(row.indices.numpy(), [1, 3])
+  np.testing.assert_array_equal(row.dense_shape.numpy(), [5, 2])
+  assert {k: int(v) for k, v in got_metadata.items()} == {"learner": 2,
+                                                          "key": 41}
+
+
+def test_a_push_of_rows_alone_and_no_metadata():
+  rows = tf.IndexedSlices(tf.constant([[1.]]), tf.constant([0], tf.int64))
+  sent = packing.encode_push([], [rows], {})
+  assert len(sent) == 2
+  got_dense, got_rows, got_metadata = packing.decode_push(sent, [], [[3, 1]],
+                                                          [])
+  assert got_dense == [] and got_metadata == {}
+  np.testing.assert_array_equal(got_rows[0].values.numpy(), [[1.]])

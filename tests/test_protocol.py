@@ -102,3 +102,21 @@ def test_histogram_bins_cover_twice_the_paper_range():
   # The paper saw σ in 0..2n <= 2λ; bins leave room up to 4λ.
   assert p.histogram_bins(1) == 64
   assert p.histogram_bins(30) == 121
+
+
+def test_a_learning_rate_policy_holds_its_multiplier_and_weight():
+  # λ = 4, 2-softsync: α0/n multiplies by 1/2 and weighs every σ as 1;
+  # α0/σ multiplies by 1 and weighs σ = 0, 1, 2, 4 as 1, 1, 1/2, 1/4.
+  two_softsync = p.parse_protocol("2-softsync", 4)
+  by_n = p.LearningRatePolicy.create("divide_by_n", two_softsync)
+  assert (by_n.name, by_n.multiplier) == ("divide_by_n", 0.5)
+  assert [by_n.weight(s) for s in (0, 1, 2, 4)] == [1.0] * 4
+  by_sigma = p.LearningRatePolicy.create("divide_by_staleness",
+                                                    two_softsync)
+  assert by_sigma.multiplier == 1.0
+  assert [by_sigma.weight(s) for s in (0, 1, 2, 4)] == [1.0, 1.0, 0.5, 0.25]
+  hardsync = p.parse_protocol("hardsync", 4)
+  assert p.LearningRatePolicy.create("divide_by_n",
+                                                hardsync).multiplier == 1.0
+  with pytest.raises(ValueError, match="'divide_by_two'.*'none'"):
+    p.LearningRatePolicy.create("divide_by_two", hardsync)

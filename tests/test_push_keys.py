@@ -131,8 +131,8 @@ def _rerun_far_behind(protocol, closures, steps_per_closure, learning_rate):
   import threading  # pylint: disable=g-import-not-at-top
   os.environ["TF_PS_HANDLE_UNKNOWN_ERROR"] = "1"
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tests import scenarios  # pylint: disable=g-import-not-at-top
-  strategy, coordinator, w, replica_step = scenarios.counting_weight(
+  from tests import cluster_fixtures  # pylint: disable=g-import-not-at-top
+  strategy, coordinator, w, replica_step = cluster_fixtures.counting_weight(
       protocol, learning_rate)
   failures, all_queued = [], threading.Event()
 
@@ -156,9 +156,9 @@ def _rerun_far_behind(protocol, closures, steps_per_closure, learning_rate):
     coordinator.schedule(closure, args=(tf.constant(0, tf.int64), steps))
   all_queued.set()
   coordinator.join()
-  from tests.scenarios import _report  # pylint: disable=g-import-not-at-top
+  from tests.cluster_fixtures import report_as_dict  # pylint: disable=g-import-not-at-top
   return {"w": float(np.asarray(w.read_value())), "failures": len(failures),
-          "report": _report(strategy)}
+          "report": report_as_dict(strategy)}
 
 
 @pytest.mark.parametrize("protocol,closures,steps_per_closure", [
@@ -183,13 +183,13 @@ def test_a_closure_rerun_behind_a_thousand_others_is_refused(
 def _fit_limits(steps_per_execution):
   """The push limit RudraCoordinator gives tf_keras's train function."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tests import scenarios  # pylint: disable=g-import-not-at-top
-  _, strategy = scenarios._connect(1, 2, "async")  # pylint: disable=protected-access
-  model = scenarios._compiled_mlp(  # pylint: disable=protected-access
+  from tests import cluster_fixtures  # pylint: disable=g-import-not-at-top
+  _, strategy = cluster_fixtures.connect_cluster(1, 2, "async")
+  model = cluster_fixtures.compiled_mlp(
       strategy, "sgd_momentum", "none",
       steps_per_execution=steps_per_execution)
-  x, y = scenarios._data()  # pylint: disable=protected-access
-  model.fit(scenarios._dataset(x, y, 8), epochs=1, verbose=0,  # pylint: disable=protected-access
+  x, y = cluster_fixtures.synthetic_data()
+  model.fit(cluster_fixtures.repeated_batches(x, y, 8), epochs=1, verbose=0,
             steps_per_epoch=2 * steps_per_execution)
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
       strategy)

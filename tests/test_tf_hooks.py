@@ -1,7 +1,10 @@
 """The private TensorFlow / tf_keras hooks rudra_tf relies on.
 
-tensorflow and tf-keras are pinned to 2.21.*; if an upgrade moves one of
-these, this file fails first and names which.
+Every one is reached through an adapter of rudra_tf/tf_hooks.py, and no
+other module reaches past TensorFlow's or tf_keras's public API (tested
+below). tensorflow and tf-keras are pinned to 2.21.*; if an upgrade moves
+one of these, this file fails first and names which: the adapters are run
+on real objects, and the TensorFlow code they rely on is pinned by source.
 """
 
 import inspect
@@ -19,6 +22,27 @@ from tensorflow.python.ops import critical_section_ops
 
 from launch import tf_environment
 from rudra_tf import strategy as strategy_lib
+from rudra_tf import tf_hooks
+
+_PACKAGE = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "rudra_tf")
+# What only tf_hooks.py may write in rudra_tf/.
+_REACHING_PAST_THE_PUBLIC_API = ("tensorflow.python", "tf_keras.src",
+                                 "tf.__internal__", "sys._getframe",
+                                 "._extended", "._cluster")
+
+
+def test_only_tf_hooks_reaches_past_the_public_apis():
+  offenders = []
+  for name in sorted(os.listdir(_PACKAGE)):
+    if not name.endswith(".py") or name == "tf_hooks.py":
+      continue
+    with open(os.path.join(_PACKAGE, name), encoding="utf-8") as source:
+      for number, line in enumerate(source, 1):
+        offenders += [f"{name}:{number}: {marker}"
+                      for marker in _REACHING_PAST_THE_PUBLIC_API
+                      if marker in line]
+  assert not offenders, offenders
 
 
 def test_versions_are_the_pinned_ones():
@@ -150,7 +174,6 @@ def test_tape_records_a_pulled_read_as_a_variable_read():
   # variables.RudraVariable records the pulled value as a ReadVariableOp of
   # the variable (TensorFlow's own private helpers), so that gradients reach
   # the variable without a second, live read.
-  from tensorflow.python.eager import record  # pylint: disable=g-import-not-at-top
   from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
   assert "record.record_operation(" in inspect.getsource(
       resource_variable_ops.BaseResourceVariable._read_variable_op)
@@ -160,11 +183,8 @@ def test_tape_records_a_pulled_read_as_a_variable_read():
   @tf.function
   def gradient():
     with tf.GradientTape() as tape:
-      resource_variable_ops.variable_accessed(variable)
       value = tf.identity(snapshot)
-      record.record_operation("ReadVariableOp", [value], [variable.handle],
-                              backward_function=lambda g: [g],
-                              forward_function=lambda v: [v])
+      tf_hooks.record_variable_read(variable, value)
       loss = tf.reduce_sum(value * value)
     return tape.gradient(loss, variable)
 
@@ -382,9 +402,124 @@ def test_closure_queue_hooks_behind_push_key_pins():
 
 
 def test_autograph_trial_iteration_graph_behind_push_limits():
-  # strategy._inside_autograph_trial: autograph stages a trial iteration of
+  # tf_hooks.inside_autograph_trial: autograph stages a trial iteration of
   # a loop with variables undefined before it in FuncGraph("tmp").
   from tensorflow.python.autograph.operators import control_flow
   source = inspect.getsource(control_flow._try_handling_undefineds)  # pylint: disable=protected-access
-  assert (f"FuncGraph('{strategy_lib._AUTOGRAPH_TRIAL_GRAPH}')"  # pylint: disable=protected-access
-          in source)
+  assert f"FuncGraph('{tf_hooks.AUTOGRAPH_TRIAL_GRAPH}')" in source
+
+
+# ------------------------------------------------ the adapters themselves
+def test_optimizer_adapters_on_a_real_sgd():
+  sgd = tf_keras.optimizers.SGD(0.1, clipnorm=1.0)
+  variable = tf.Variable([1.0, 1.0])
+  sgd.build([variable])
+  assert tf_hooks.strategy_of_optimizer(sgd) is tf.distribute.get_strategy()
+  assert float(tf_hooks.base_learning_rate(sgd)) == pytest.approx(0.1)
+  # clipnorm 1: [3, 4] (norm 5) becomes [0.6, 0.8].
+  clipped, = tf_hooks.clip_gradients(sgd, [tf.constant([3.0, 4.0])])
+  assert clipped.numpy() == pytest.approx([0.6, 0.8])
+  with tf_hooks.learning_rate_and_step_set_to(
+      sgd, tf.constant(0.5), tf.constant(7, tf.int64)):
+    assert float(sgd.learning_rate) == 0.5 and int(sgd.iterations) == 7
+    tf_hooks.update_step(sgd, tf.constant([1.0, 2.0]), variable)
+  assert variable.numpy() == pytest.approx([0.5, 0.0])  # 1 - 0.5·[1, 2]
+  assert float(sgd.learning_rate) == pytest.approx(0.1)
+  assert int(sgd.iterations) == 0  # the swap leaves the real counter alone
+  kept = tf_hooks.filter_empty_gradients([(None, variable),
+                                          (tf.constant([1.0, 1.0]), variable)])
+  assert len(kept) == 1
+  adamw = tf_keras.optimizers.AdamW(0.1, weight_decay=0.1)
+  adamw.exclude_from_weight_decay(var_names=["no_decay"])
+  adamw.build([variable])
+  assert tf_hooks.uses_weight_decay(adamw, variable)
+  assert not tf_hooks.uses_weight_decay(adamw,
+                                        tf.Variable(1.0, name="no_decay"))
+
+
+def test_autocast_adapter_unwraps_a_mixed_precision_weight():
+  layer = tf_keras.layers.Dense(2, dtype="mixed_bfloat16")
+  layer.build((None, 3))
+  kernel = tf_hooks.unwrap_autocast(layer.kernel)
+  assert type(kernel).__name__ != "AutoCastVariable"
+  assert kernel.dtype == tf.float32
+  plain = tf.Variable(1.0)
+  assert tf_hooks.unwrap_autocast(plain) is plain
+
+
+def test_graph_adapters_see_while_bodies_and_dispatch():
+  seen = {}
+
+  @tf.function
+  def loop():
+    seen["outside"] = tf_hooks.inside_while_loop()
+
+    def body(i):
+      seen["body"] = tf_hooks.inside_while_loop()
+      seen["names"] = list(tf_hooks.enclosing_graph_names())
+      return (i + 1,)
+    return tf.while_loop(lambda i: i < 3, body, (tf.constant(0),))
+
+  assert int(loop()[0]) == 3
+  assert seen["outside"] is False and seen["body"] is True
+  assert seen["names"][0].startswith("while_body")
+  assert not tf_hooks.inside_autograph_trial()
+  assert tf_hooks.dispatching_worker_index() is None  # nothing dispatches
+  assert tf_hooks.chief_cpu_device().endswith("/device:CPU:0")
+
+
+def test_tf_keras_frame_and_qualname_adapters():
+  namespace = {"__name__": "tf_keras.src.engine.fake", "tf_hooks": tf_hooks}
+  exec("def _configure_steps_per_execution():\n"  # pylint: disable=exec-used
+       "  return tf_hooks.created_by_model_method("
+       "('_configure_steps_per_execution',))", namespace)
+  assert namespace["_configure_steps_per_execution"]()
+  namespace["__name__"] = "not_tf_keras"
+  exec("def _configure_steps_per_execution():\n"  # pylint: disable=exec-used
+       "  return tf_hooks.created_by_model_method("
+       "('_configure_steps_per_execution',))", namespace)
+  assert not namespace["_configure_steps_per_execution"]()
+
+  class Step:
+    __qualname__ = "Model.make_predict_function.<locals>.run_step"
+  assert tf_hooks.is_step_of(Step, ("make_predict_function",))
+  assert not tf_hooks.is_step_of(Step, ("make_train_function",))
+
+
+def test_variable_adapters():
+  inner = tf.Variable([1.0, 2.0])
+  caching = tf_hooks.CachingVariable(inner)
+  assert tf_hooks.wrapped_variable(caching) is inner
+
+
+def test_closure_queue_adapters_wrap_a_real_queue():
+  from tensorflow.python.distribute.coordinator import cluster_coordinator  # pylint: disable=g-import-not-at-top
+  queue = cluster_coordinator._CoordinatedClosureQueue()  # pylint: disable=protected-access
+  calls = []
+
+  def put(original, closure, tag=None):
+    calls.append(("put", tag))
+    return original(closure, tag)
+
+  def put_back(original, closure):
+    calls.append(("put_back",))
+    return original(closure)
+
+  def mark_failed(original, error):
+    calls.append(("mark_failed", str(error)))
+    return original(error)
+  tf_hooks.wrap_closure_queue(queue, put=put, put_back=put_back,
+                              mark_failed=mark_failed)
+  closure = cluster_coordinator.Closure(lambda: None,
+                                        queue._cancellation_mgr)  # pylint: disable=protected-access
+  queue.put(closure)
+  assert tf_hooks.inflight_closures(queue) == 0
+  assert queue.get() is closure
+  assert tf_hooks.inflight_closures(queue) == 1
+  queue.put_back(closure)
+  assert queue.get() is closure
+  queue.mark_failed(ValueError("boom"))
+  assert str(tf_hooks.pending_error(queue)) == "boom"
+  assert tf_hooks.inflight_closures(queue) == 0
+  assert calls == [("put", None), ("put_back",), ("mark_failed", "boom")]
+  queue.stop()

@@ -1,0 +1,114 @@
+"""barrier.py: hardsync's tokens by hand (its docstring's trajectory), and
+the conservation rule after every transition, with no cluster."""
+
+import numpy as np
+import pytest
+
+from rudra_tf import barrier
+from rudra_tf import protocol as protocol_lib
+from rudra_tf import transition
+
+OPS = transition.NUMPY_OPS
+BINS = 8
+
+
+def tokens(counters):
+  return (int(counters.available), counters.holding.tolist(),
+          int(counters.pending))
+
+
+def test_the_docstring_trajectory():
+  parsed = protocol_lib.parse_protocol("hardsync", 2)
+  counters = transition.Counters.initial(parsed, BINS)
+  assert tokens(counters) == (2, [0, 0], 0)
+
+  def take(learner):
+    nonlocal counters
+    taken, changes = barrier.take(counters, learner, True, OPS)
+    counters = transition.apply(counters, changes)
+    return bool(taken)
+
+  def push(learner):
+    nonlocal counters
+    result = transition.push(counters, 0 if counters.timestamp == 0 else 1,
+                             parsed, BINS, learner=learner)
+    counters = transition.apply(counters, result.changes)
+
+  assert take(0) and tokens(counters) == (1, [1, 0], 0)
+  assert take(1) and tokens(counters) == (0, [1, 1], 0)
+  assert not take(0) and tokens(counters) == (0, [1, 1], 0)  # waits
+  push(0)
+  assert tokens(counters) == (0, [0, 1], 1)
+  push(1)  # the round: λ = 2 tokens back
+  assert tokens(counters) == (2, [0, 0], 0) and counters.timestamp == 1
+  assert take(0) and tokens(counters) == (1, [1, 0], 0)
+  held, changes = barrier.release(counters, 0, OPS)
+  counters = transition.apply(counters, changes)
+  assert held == 1 and tokens(counters) == (2, [0, 0], 0)
+  counters = transition.apply(counters, barrier.open_barrier(2))
+  assert tokens(counters) == (4, [0, 0], 0)  # OPENED
+  counters = transition.apply(counters, barrier.refill(counters, 2))
+  assert tokens(counters) == (2, [0, 0], 0)  # EXACT
+
+
+def test_a_dead_incarnation_takes_nothing_and_its_push_returns_nothing():
+  parsed = protocol_lib.parse_protocol("hardsync", 2)
+  counters = transition.Counters.initial(parsed, BINS)
+  taken, changes = barrier.take(counters, 1, False, OPS)
+  assert not taken
+  assert tokens(transition.apply(counters, changes)) == (2, [0, 0], 0)
+  push = transition.push(counters, 0, parsed, BINS, learner=1, live=False)
+  after = transition.apply(counters, push.changes)
+  assert tokens(after) == (2, [0, 0], 0) and after.duplicates == 1
+
+
+def test_refill_keeps_the_pending_gradients_tokens():
+  # λ = 3 with one gradient pending and a token held by a learner that is
+  # gone: refill makes λ - pending = 2 available and none held.
+  parsed = protocol_lib.parse_protocol("hardsync", 3)
+  counters = transition.apply(transition.Counters.initial(parsed, BINS), [
+      ("available", None, -2), ("holding", 0, 1), ("pending", None, 1)])
+  counters = transition.apply(counters, barrier.refill(counters, 3))
+  assert tokens(counters) == (2, [0, 0, 0], 1)
+  assert barrier.tokens_in_play(counters) == 3
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("num_learners", [1, 2, 4])
+def test_conservation_through_random_transitions(seed, num_learners):
+  # Takes, pushes (kept, dropped by max_staleness, duplicates), deaths with
+  # release: available + Σ held + pending == λ after each. An open breaks
+  # it (OPENED) and a refill restores it.
+  rng = np.random.default_rng(seed)
+  parsed = protocol_lib.parse_protocol("hardsync", num_learners)
+  counters = transition.Counters.initial(parsed, BINS)
+  holding = [0] * num_learners  # tokens each learner's live steps hold
+  for _ in range(300):
+    learner = int(rng.integers(num_learners))
+    move = rng.random()
+    if move < 0.45 and holding[learner] == 0:
+      taken, changes = barrier.take(counters, learner, True, OPS)
+      counters = transition.apply(counters, changes)
+      holding[learner] += int(taken)
+    elif move < 0.9 and holding[learner]:
+      # A pull of the previous version now and then, so that
+      # max_staleness=0 drops some gradients.
+      pulled = max(0, int(counters.timestamp) - int(rng.integers(2)))
+      push = transition.push(
+          counters, pulled, parsed, BINS, learner=learner,
+          fresh=bool(rng.random() > 0.1),
+          max_staleness=None if rng.random() > 0.1 else 0)
+      counters = transition.apply(counters, push.changes)
+      holding[learner] -= 1
+    else:
+      _, changes = barrier.release(counters, learner, OPS)
+      counters = transition.apply(counters, changes)
+      holding[learner] = 0
+    assert barrier.tokens_in_play(counters) == num_learners
+    assert counters.holding.tolist() == holding
+  assert counters.dropped > 0 and counters.duplicates > 0
+  counters = transition.apply(counters, barrier.open_barrier(num_learners))
+  assert barrier.tokens_in_play(counters) == 2 * num_learners
+  counters = transition.apply(counters, barrier.refill(counters,
+                                                       num_learners))
+  assert barrier.tokens_in_play(counters) == num_learners
