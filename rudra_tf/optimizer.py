@@ -5,6 +5,7 @@ import tf_keras
 
 from rudra_tf import ledger as ledger_lib
 from rudra_tf import protocol as protocol_lib
+from rudra_tf import strategy as strategy_lib
 from rudra_tf import tf_hooks
 from rudra_tf import variables as variables_lib
 
@@ -63,9 +64,8 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
 
   def __init__(self, optimizer, lr_policy=protocol_lib.LR_NONE,
                name="StalenessAwareOptimizer"):
-    from rudra_tf.strategy import RudraStrategy  # pylint: disable=g-import-not-at-top
     strategy = tf.distribute.get_strategy()
-    if not isinstance(strategy, RudraStrategy):
+    if not isinstance(strategy, strategy_lib.RudraStrategy):
       raise ValueError(
           "StalenessAwareOptimizer must be created inside "
           "`with rudra_tf.RudraStrategy(...).scope():`; the current strategy "

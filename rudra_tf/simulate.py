@@ -92,6 +92,12 @@ class SpeedModel:
     return 1.0
 
 
+def _counter(name):
+  """A read-only int view of one of `ProtocolServer.counters`."""
+  return property(lambda server: int(getattr(server.counters, name)),
+                  doc=f"The shard's {name} counter.")
+
+
 class ProtocolServer:
   """One parameter-server shard's protocol state, on numbers.
 
@@ -109,21 +115,10 @@ class ProtocolServer:
     self.bins = protocol_lib.histogram_bins(protocol.num_learners)
     self.counters = transition.Counters.initial(protocol, self.bins)
 
-  @property
-  def timestamp(self):
-    return int(self.counters.timestamp)
-
-  @property
-  def pending(self):
-    return int(self.counters.pending)
-
-  @property
-  def received(self):
-    return int(self.counters.received)
-
-  @property
-  def dropped(self):
-    return int(self.counters.dropped)
+  timestamp = _counter("timestamp")
+  pending = _counter("pending")
+  received = _counter("received")
+  dropped = _counter("dropped")
 
   @property
   def histogram(self):

@@ -1,14 +1,12 @@
 """RudraStrategy: TensorFlow's parameter-server strategy with Rudra's protocols."""
 
 import contextlib
+import importlib
 
 from absl import logging
 import tensorflow as tf
 
 from rudra_tf import coordinator as coordinator_lib
-# Imported for its registration with tf_keras: a model saved with the
-# wrapper then loads inside any RudraStrategy's scope.
-from rudra_tf import optimizer as _  # pylint: disable=unused-import
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import report as report_lib
 from rudra_tf import sparse
@@ -224,6 +222,10 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     self._incarnations = [0] * num_learners
     super().__init__(cluster_resolver, variable_partitioner)
     tf_hooks.use_extended_class(self, RudraExtended)
+    # The optimizer wrapper registers itself with tf_keras when imported: a
+    # model saved with it then loads inside any RudraStrategy's scope. (It
+    # uses the strategy's public surface; the strategy needs only this.)
+    importlib.import_module("rudra_tf.optimizer")
     # ClusterCoordinator is one per strategy: tf_keras's fit then finds this.
     coordinator_lib.RudraCoordinator(self)
 
