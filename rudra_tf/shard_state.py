@@ -30,6 +30,8 @@ the counters from `transition.py` and what it does to hardsync's tokens from
 and its one write from `ledger.py`.
 """
 
+import threading
+
 import tensorflow as tf
 
 from rudra_tf import barrier
@@ -113,6 +115,9 @@ class ShardState(tf_hooks.AutoTrackable):
         self._wakeups = tf.queue.FIFOQueue(
             capacity=-1, dtypes=[tf.int32], shapes=[[]],
             name=f"rudra_shard_{index}_wakeups")
+    # The chief's locked sections, each one tf.function (_locked_on_the_ps).
+    self._sections = self._no_dependency({})
+    self._sections_lock = threading.Lock()
     self._accumulator_of = self._no_dependency(
         {id(v): a for v, a in zip(model_variables, self.accumulators)})
 
@@ -154,7 +159,7 @@ class ShardState(tf_hooks.AutoTrackable):
                             0))
 
   def release_learner(self, learner):
-    """Gives back the tokens a dead learner held (eager, on the chief).
+    """Gives back the tokens a dead learner held (on the chief).
 
     A hardsync learner that dies between its pull and its push would leave
     its round one gradient short forever; TensorFlow re-runs its closure on
@@ -166,44 +171,68 @@ class ShardState(tf_hooks.AutoTrackable):
     if not self._protocol.barrier:
       return 0
 
-    def release():
+    def release(learner):
       changes = ledger_lib.Changes(self.ledger.read_value())
       held, released = barrier.release(self._layout.counters(changes.old),
                                        learner, _TENSOR_OPS)
       changes.add_all(self._layout, released)
       self._commit(changes)
-      self._next_incarnation([learner])
+      self._next_incarnation(tf.reshape(learner, [1]))
       return held
+    held = self._locked_on_the_ps("release", release, learner)
     with tf.device(self.device):
-      held = self._lock.execute(release, exclusive_resource_access=False)
       self._ring(held + _SPARE_WAKEUPS_PER_LEARNER *
                  self._protocol.num_learners)
     return int(held.numpy())
 
   def _next_incarnation(self, learners):
-    """Marks the given learners' running steps as a dead incarnation's."""
-    tf.raw_ops.ResourceScatterAdd(
-        resource=self._incarnations.handle,
-        indices=tf.constant(learners, _INT),
-        updates=tf.ones([len(learners)], _INT))
+    """Marks the given learners' (an int64 vector) running steps as a dead
+    incarnation's (graph code, inside the lock)."""
+    tf.raw_ops.ResourceScatterAdd(resource=self._incarnations.handle,
+                                  indices=learners,
+                                  updates=tf.ones_like(learners))
+
+  def _locked_on_the_ps(self, name, body, *args):
+    """Runs `body(*args)` (int64 scalars) under the shard's lock as ONE
+    function call on the ps (chief side); returns its result.
+
+    Eagerly, `CriticalSection.execute` holds the ps's mutex while the chief
+    dispatches each op of the body one by one. TF's worker-recovery thread
+    (`Context.update_server_def`) waits for the chief's ops in flight,
+    among them another thread's lock op waiting for that mutex, while the
+    holder's next op waits for the update: a hardsync chaos run hung there
+    (two put-back closures pinning their keys at once). As one function the
+    section never waits for the chief's eager context while it holds the
+    lock.
+    """
+    with self._sections_lock:
+      function = self._sections.get(name)
+      if function is None:
+        def locked(*tensors):
+          with tf.device(self.device):
+            return self._lock.execute(
+                lambda: _after_all_ops(lambda: body(*tensors)),
+                exclusive_resource_access=False)
+        function = self._sections[name] = tf.function(
+            locked, autograph=False,
+            input_signature=[tf.TensorSpec([], _INT)] * len(args))
+    return function(*[tf.constant(arg, _INT) for arg in args])
 
   def retire_incarnations(self):
-    """Every learner's steps so far become a dead incarnation's (eager, on
+    """Every learner's steps so far become a dead incarnation's (on
     the chief, when no closure runs): see
     `RudraStrategy._restore_barriers_after_failure`."""
     if not self._protocol.barrier:
       return
-    learners = list(range(self._protocol.num_learners))
 
     def retire():
-      self._next_incarnation(learners)
+      self._next_incarnation(tf.range(self._protocol.num_learners,
+                                      dtype=_INT))
       return tf.constant(True)
-    with tf.device(self.device):
-      self._lock.execute(lambda: _after_all_ops(retire),
-                         exclusive_resource_access=False)
+    self._locked_on_the_ps("retire", retire)
 
   def open_barrier(self):
-    """Lets λ more hardsync pulls through (eager, on the chief).
+    """Lets λ more hardsync pulls through (on the chief).
 
     After a fit fails, TensorFlow cancels its closures and waits until every
     running one has ended. A closure cancelled between its pull and its push
@@ -220,30 +249,26 @@ class ShardState(tf_hooks.AutoTrackable):
       changes.add_all(self._layout, barrier.open_barrier(count))
       self._commit(changes)
       return tf.constant(True)
+    self._locked_on_the_ps("open", add_tokens)
     with tf.device(self.device):
-      self._lock.execute(add_tokens, exclusive_resource_access=False)
       self._ring(tf.constant(count, _INT))
 
   def pin_push_key(self, key):
-    """Remembers closure `key`'s pushes until its re-run (eager, chief).
+    """Remembers closure `key`'s pushes until its re-run (on the chief).
 
     Called as TensorFlow puts a closure back for another run; see
     push_keys.py. Returns True if the key was not pinned before.
     """
-    def pin():
+    def pin(key):
       changes = ledger_lib.Changes(self.ledger.read_value())
-      new = push_keys.pin(changes, self._layout, tf.constant(key, _INT))
+      new = push_keys.pin(changes, self._layout, key)
       self._commit(changes)
       return new
-    with tf.device(self.device):
-      return bool(self._lock.execute(
-          pin, exclusive_resource_access=False).numpy())
+    return bool(self._locked_on_the_ps("pin", pin, key).numpy())
 
   def _read_ledger(self):
-    """The ledger as numpy, read eagerly under the lock."""
-    with tf.device(self.device):
-      return self._lock.execute(self.ledger.read_value,
-                                exclusive_resource_access=False).numpy()
+    """The ledger as numpy, read under the lock (chief side)."""
+    return self._locked_on_the_ps("read", self.ledger.read_value).numpy()
 
   def token_counts(self):
     """Hardsync tokens: (available, held by each learner), read eagerly."""
