@@ -98,6 +98,4 @@ def refill(counters, num_learners):
 
 def tokens_in_play(counters):
   """available + Σ holding + pending: λ in an EXACT barrier."""
-  return (counters.available + sum(counters.holding[learner] for learner in
-                                   range(len(counters.holding))) +
-          counters.pending)
+  return counters.available + sum(counters.holding) + counters.pending

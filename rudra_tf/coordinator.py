@@ -145,7 +145,8 @@ class _KeyedFunction:
     self.function = tf.function(keyed)
 
   def trace(self, args, kwargs):
-    specs = nest_specs(tuple(args or ())), nest_specs(dict(kwargs or {}))
+    specs = (tf_hooks.scheduled_argument_specs(tuple(args or ())),
+             tf_hooks.scheduled_argument_specs(dict(kwargs or {})))
     self.function.get_concrete_function(
         tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64),
         *specs[0], **specs[1])
@@ -166,9 +167,6 @@ class _KeyedFunction:
 # runs: each opening costs an RPC per shard, and a cancelled closure's
 # waiting pull is let through within this time.
 BARRIER_OPEN_INTERVAL_S = 0.5
-
-
-nest_specs = tf_hooks.scheduled_argument_specs
 
 
 def first_push_key():
