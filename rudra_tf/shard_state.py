@@ -216,7 +216,10 @@ class ShardState(tf_hooks.AutoTrackable):
         function = self._sections[name] = tf.function(
             locked, autograph=False,
             input_signature=[tf.TensorSpec([], _INT)] * len(args))
-    return function(*[tf.constant(arg, _INT) for arg in args])
+    # Not under a closure's cancellation: a failed fit's must not stop the
+    # very calls that end it (tf_hooks.outside_closure_cancellation).
+    with tf_hooks.outside_closure_cancellation():
+      return function(*[tf.constant(arg, _INT) for arg in args])
 
   def retire_incarnations(self):
     """Every learner's steps so far become a dead incarnation's (on

@@ -19,7 +19,7 @@ ClusterCoordinator
     `traced_dataset_function`, `cluster_workers`, `closure_queue`,
     `wrap_closure_failure`,
     `wrap_closure_queue`, `inflight_closures`, `pending_error`,
-    `dispatching_worker_index`.
+    `dispatching_worker_index`, `outside_closure_cancellation`.
 Graphs
     `AutoTrackable`, `enclosing_graph_names`, `inside_while_loop`,
     `inside_autograph_trial`, `capture_at_dispatch`,
@@ -36,6 +36,7 @@ Variables and data
 
 import contextlib
 import sys
+import threading
 
 import tensorflow as tf
 from tensorflow.python.autograph.core import ag_ctx
@@ -48,6 +49,7 @@ from tensorflow.python.distribute import ps_values
 from tensorflow.python.distribute.coordinator import cluster_coordinator
 from tensorflow.python.distribute.coordinator import coordinator_context
 from tensorflow.python.distribute.coordinator import values as values_lib
+from tensorflow.python.eager import cancellation
 from tensorflow.python.eager import context
 from tensorflow.python.eager import record
 from tensorflow.python.framework import ops
@@ -166,6 +168,43 @@ def dispatching_worker_index():
   """The index of the worker a closure is being dispatched to, or None."""
   dispatch = coordinator_context.get_current_dispatch_context()
   return dispatch.worker_index if dispatch else None
+
+
+# ClusterCoordinator runs each closure under its queue's CancellationManager,
+# and TF 2.21 keeps the active one in a process-wide global that every
+# tf.function call reads (`Context.call_function`): a chief-side call made
+# by another thread while a closure runs goes under that closure's manager,
+# and once a failed fit cancels, it is "cancelled before it was started"
+# (a hardsync fit's barrier opener was, and the fit hung).
+_outside_cancellation = threading.local()
+_cancellation_hook_lock = threading.Lock()
+_closure_cancellation_context = None  # TF's reader, once the hook is in
+
+
+def _install_cancellation_hook():
+  global _closure_cancellation_context
+  with _cancellation_hook_lock:
+    if _closure_cancellation_context is not None:
+      return
+    _closure_cancellation_context = cancellation.context
+
+    def context_unless_outside():
+      if getattr(_outside_cancellation, "depth", 0):
+        return None
+      return _closure_cancellation_context()
+    cancellation.context = context_unless_outside
+
+
+@contextlib.contextmanager
+def outside_closure_cancellation():
+  """tf.function calls this thread makes inside run under no closure's
+  cancellation (the chief's own control calls to the ps)."""
+  _install_cancellation_hook()
+  _outside_cancellation.depth = getattr(_outside_cancellation, "depth", 0) + 1
+  try:
+    yield
+  finally:
+    _outside_cancellation.depth -= 1
 
 
 # ------------------------------------------------------------------ graphs

@@ -523,3 +523,48 @@ def test_closure_queue_adapters_wrap_a_real_queue():
   assert tf_hooks.inflight_closures(queue) == 0
   assert calls == [("put", None), ("put_back",), ("mark_failed", "boom")]
   queue.stop()
+
+
+def test_chief_calls_outside_a_cancelled_closures_cancellation():
+  # TF 2.21 keeps the running closure's CancellationManager in a global that
+  # every tf.function call reads, whichever thread makes it: once a failed
+  # fit cancels, a chief-side call made while a closure runs is cancelled
+  # too. tf_hooks.outside_closure_cancellation exempts the calling thread.
+  import threading  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import cancellation  # pylint: disable=g-import-not-at-top
+  add_one = tf.function(lambda x: x + 1)
+  add_one(tf.constant(1))
+  manager = cancellation.CancellationManager()
+  manager.start_cancel()
+  entered, leave = threading.Event(), threading.Event()
+
+  def a_running_closure():
+    with cancellation.CancellationManagerContext(manager):
+      entered.set()
+      leave.wait(30)
+  closure = threading.Thread(target=a_running_closure)
+  closure.start()
+  try:
+    entered.wait(30)
+    with pytest.raises(tf.errors.CancelledError):
+      add_one(tf.constant(1))  # TF's behaviour: the reason for the hook
+    with tf_hooks.outside_closure_cancellation():
+      with tf_hooks.outside_closure_cancellation():  # nests
+        assert int(add_one(tf.constant(1))) == 2
+      assert int(add_one(tf.constant(2))) == 3
+    with pytest.raises(tf.errors.CancelledError):
+      add_one(tf.constant(1))  # only inside the block
+    # Another thread's block exempts only that thread.
+    results = []
+
+    def exempt():
+      with tf_hooks.outside_closure_cancellation():
+        results.append(int(add_one(tf.constant(4))))
+    other = threading.Thread(target=exempt)
+    other.start()
+    other.join(30)
+    assert results == [5]
+  finally:
+    leave.set()
+    closure.join(30)
+  assert int(add_one(tf.constant(6))) == 7  # no closure runs: no manager
