@@ -66,6 +66,9 @@ def define_flags():
                     "per learner (a straggler: 400,100,100,100). Learners "
                     "sleep instead of using CPU, so a machine with fewer "
                     "cores than learners can study equal or unequal speeds.")
+  flags.DEFINE_float("progress_every_s", 5.0, "Seconds between the progress "
+                     "lines inside an epoch (step k of K, updates/s, "
+                     "examples/s, staleness, time left); 0: none.")
   flags.DEFINE_integer("steps_per_execution", 1, "Gradients per scheduled "
                        "closure on a learner (amortizes scheduling).")
   flags.DEFINE_integer("learner_restarts", 3, "Local runs: how many times a "
@@ -108,6 +111,7 @@ class TrainConfig:
   save_model: str = None  # a .keras path, or None
   checkpoint_every_steps: int = None  # also save inside epochs
   checkpoint_every_secs: float = None
+  progress_every_s: float = 5.0  # between in-epoch lines; 0: none
 
   def learner_step_time_s(self, learner):
     """The emulated compute time of `learner`'s steps, in seconds."""
@@ -200,6 +204,8 @@ def resolve_config(values, num_learners, num_ps):
   _require(values.learner_restarts >= 0, "--learner_restarts must be >= 0, "
            f"got {values.learner_restarts}.")
   protocol_lib.validate_max_staleness(values.max_staleness)
+  _require(values.progress_every_s >= 0, "--progress_every_s must be >= 0 "
+           f"(0: no in-epoch lines), got {values.progress_every_s}.")
   for name in ("checkpoint_every_steps", "checkpoint_every_secs"):
     value = getattr(values, name)
     _require(value is None or value > 0, f"--{name} must be > 0, got "
@@ -231,7 +237,8 @@ def resolve_config(values, num_learners, num_ps):
       kill_tasks=resolve_kill_tasks(values.kill_task, num_learners, num_ps),
       save_model=resolve_save_model(values.save_model, values.log_dir),
       checkpoint_every_steps=values.checkpoint_every_steps,
-      checkpoint_every_secs=values.checkpoint_every_secs)
+      checkpoint_every_secs=values.checkpoint_every_secs,
+      progress_every_s=values.progress_every_s)
 
 
 def resolve_save_model(path, log_dir):

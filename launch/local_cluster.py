@@ -159,9 +159,11 @@ class LocalProcessCluster:
   Without GPUs, every task that computes (each learner, and the chief when
   `chief_computes`) gets an equal share of this machine's cores as its
   intra-op thread pool (`tf_environment.share_cores`), unless the
-  environment sets TF_NUM_INTRAOP_THREADS itself. On a machine without an
-  NVIDIA driver, the lines in which every task's TensorFlow says it found
-  no CUDA driver are left out of the streamed logs.
+  environment sets TF_NUM_INTRAOP_THREADS itself. TensorFlow's start-up
+  notices that its log level does not hide are left out of the streamed
+  logs (`tf_environment.startup_noise`): on a machine without an NVIDIA
+  driver, that every task found none; unless TF_CPP_MIN_LOG_LEVEL is 0,
+  that oneDNN operations are on.
   """
 
   def __init__(self, command, num_learners, num_ps, gpus=0, out=sys.stdout,
@@ -181,10 +183,9 @@ class LocalProcessCluster:
                                               suffix=".json")
     os.close(handle)
     self._environment[PIDS_ENVIRONMENT_VARIABLE] = self.pids_path
-    # Without a driver, every task's notice that CUDA is absent is noise; with
-    # one, a failed cuInit is worth seeing.
-    self._drop_line = (None if gpus_lib.nvidia_driver_installed() else
-                       tf_environment.noise_on_machines_without_cuda)
+    # TensorFlow's start-up notices that its log level does not hide.
+    self._drop_line = tf_environment.startup_noise(
+        self._environment, gpus_lib.nvidia_driver_installed())
     self.tasks = []
 
   def _environment_for(self, task_type, index):

@@ -7,9 +7,13 @@ import time
 import numpy as np
 import tf_keras
 
+from launch import progress as progress_lib
+
 
 class ProgressCallback(tf_keras.callbacks.Callback):
-  """Prints one line an epoch (tf_keras refuses verbose=1 under a ps strategy).
+  """Prints one line an epoch (tf_keras refuses verbose=1 under a ps strategy)
+  and, inside it, a progress line every `progress_every_s` seconds
+  (launch/progress.py; 0: none).
 
   loss, accuracy, updates/s, examples/s, mean and max staleness of the epoch;
   keeps the rows for the results and the plot, and writes TensorBoard
@@ -20,7 +24,8 @@ class ProgressCallback(tf_keras.callbacks.Callback):
   fit does not give callbacks as numbers.
   """
 
-  def __init__(self, strategy, minibatch, epochs, log_dir=None, out=print):
+  def __init__(self, strategy, minibatch, epochs, log_dir=None, out=print,
+               progress_every_s=progress_lib.DEFAULT_EVERY_S):
     super().__init__()
     self._strategy = strategy
     self._minibatch = minibatch
@@ -31,6 +36,8 @@ class ProgressCallback(tf_keras.callbacks.Callback):
     self._last_report = None
     self._writer = None
     self._start = time.monotonic()
+    self._in_epoch = progress_lib.EpochProgress(
+        strategy.staleness_report, progress_every_s, out)
     if log_dir:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       self._writer = tf.summary.create_file_writer(log_dir)
@@ -40,8 +47,19 @@ class ProgressCallback(tf_keras.callbacks.Callback):
     # After the first epoch, the previous epoch's closing report is current.
     if self._last_report is None:
       self._last_report = self._strategy.staleness_report()
+    self._in_epoch.start(epoch + 1, self._epochs,
+                         (self.params or {}).get("steps"), self._minibatch,
+                         self._last_report)
+
+  def on_train_end(self, logs=None):
+    self.close()
+
+  def close(self):
+    """Stops the in-epoch lines (also when fit fails)."""
+    self._in_epoch.stop()
 
   def on_epoch_end(self, epoch, logs=None):
+    self._in_epoch.stop()
     logs = logs or {}
     seconds = time.monotonic() - self._epoch_start
     report = self._strategy.staleness_report()

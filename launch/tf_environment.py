@@ -53,6 +53,34 @@ def noise_on_machines_without_cuda(line):
   return _STARTUP_LINES_WITHOUT_CUDA.match(line.rstrip("\n")) is not None
 
 
+# TensorFlow's INFO notice that its oneDNN custom operations are on (each
+# process on a CPU that has them, a dozen times for a local cluster), also
+# printed before absl logging starts, so TF_CPP_MIN_LOG_LEVEL >= 1 does not
+# hide it: the local launcher drops it where that level asks for no INFO.
+_ONEDNN_NOTICE = re.compile(
+    r"^I\d{4} [\d:.]+ +\d+ port\.cc:\d+\] oneDNN custom operations are "
+    r"on\..*$")
+
+
+def onednn_notice(line):
+  """Whether `line` is TensorFlow's notice that oneDNN operations are on."""
+  return _ONEDNN_NOTICE.match(line.rstrip("\n")) is not None
+
+
+def startup_noise(environment, nvidia_driver_installed):
+  """What the local launcher drops of its tasks' output: a predicate over
+  lines, or None (nothing). CUDA's absence is noise without a driver (with
+  one, a failed cuInit is worth seeing); the oneDNN notice is, unless the
+  tasks' TF_CPP_MIN_LOG_LEVEL (`environment`, else DEFAULTS) is 0."""
+  level = environment.get(LOG_LEVEL_VARIABLE, DEFAULTS[LOG_LEVEL_VARIABLE])
+  checks = [check for check, applies in (
+      (noise_on_machines_without_cuda, not nvidia_driver_installed),
+      (onednn_notice, level.strip() not in ("", "0"))) if applies]
+  if not checks:
+    return None
+  return lambda line: any(check(line) for check in checks)
+
+
 def apply_defaults(environment=None):
   """Sets each of DEFAULTS that `environment` (os.environ) does not set."""
   environment = os.environ if environment is None else environment

@@ -199,7 +199,8 @@ def run_chief(config, spec):
         out=lambda line: print(line, flush=True)))
   progress = telemetry.ProgressCallback(
       strategy, config.minibatch, config.epochs, log_dir=config.log_dir,
-      out=lambda line: print(line, flush=True))
+      out=lambda line: print(line, flush=True),
+      progress_every_s=config.progress_every_s)
   # Each learner's data goes on after the batches it has trained on (its
   # gradient count, restored with a checkpoint): a resumed run continues
   # every learner's stream instead of starting it again.
@@ -220,6 +221,8 @@ def run_chief(config, spec):
         break
   except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
     raise ParameterServerLostError(_lost_ps_tasks(error)) from error
+  finally:
+    progress.close()  # no in-epoch lines after a failed fit
   wall_time_s = time.monotonic() - start
 
   # Exact test accuracy on the whole test split, on the chief.

@@ -178,6 +178,26 @@ def first_push_key():
   return random.SystemRandom().getrandbits(40) + 1
 
 
+class LearnerDataExhaustedError(tf.errors.OutOfRangeError):
+  """A learner's dataset ended during training.
+
+  An OutOfRangeError, as the error TF's ParameterServerStrategy gives, so
+  code that catches that catches this; its message names the learner and
+  the fix.
+  """
+
+  def __init__(self, cause):
+    learner = re.search(r"/job:worker/replica:\d+/task:(\d+)", str(cause))
+    which = f"learner {learner.group(1)}" if learner else "a learner"
+    super().__init__(
+        cause.node_def, cause.op,
+        f"The dataset of {which} ran out of data. Under RudraStrategy, as "
+        "under TensorFlow's ParameterServerStrategy, a learner's dataset "
+        "must not end: end the dataset (or dataset function) with "
+        ".repeat() and give fit steps_per_epoch.")
+    self.__cause__ = cause
+
+
 class RudraCoordinator(tf.distribute.experimental.coordinator.ClusterCoordinator):
   """ClusterCoordinator with per-learner inputs and keyed, idempotent pushes."""
 
@@ -293,26 +313,21 @@ class RudraCoordinator(tf.distribute.experimental.coordinator.ClusterCoordinator
     self.strategy._restore_barriers_after_failure()  # pylint: disable=protected-access
 
   def _explain_exhausted_inputs(self):
-    """Turns a learner's end of input into an error that says so.
+    """Makes a learner's end of input say which learner, and the fix.
 
     A closure whose learner's dataset has ended fails with OutOfRangeError;
-    tf_keras takes that for the end of an epoch, while TF cancels every
-    other closure, so fit then fails with a bare CancelledError. The first
-    error of the closure queue is what the chief raises: it says what ran
-    out, and how to fix it.
+    TF cancels every other closure and the chief raises the first error
+    (TF logs it as it starts cancelling). It stays an OutOfRangeError
+    (`LearnerDataExhaustedError`), so everything that catches that under
+    TF's ParameterServerStrategy still does: tf_keras's fit takes it for the
+    end of the data (a warning; fit then fails with CancelledError, as on
+    stock PSS), and so do custom loops.
     """
     def explained(mark_failed, error):
       self._open_barriers_while_cancelling()
-      if isinstance(error, tf.errors.OutOfRangeError):
-        learner = re.search(r"/job:worker/replica:\d+/task:(\d+)", str(error))
-        which = f"learner {learner.group(1)}" if learner else "a learner"
-        explanation = ValueError(
-            f"The dataset of {which} ran out of data. Under RudraStrategy, "
-            "as under TensorFlow's ParameterServerStrategy, a learner's "
-            "dataset must not end: end the dataset (or dataset function) "
-            "with .repeat() and give fit steps_per_epoch.")
-        explanation.__cause__ = error
-        error = explanation
+      if isinstance(error, tf.errors.OutOfRangeError) and not isinstance(
+          error, LearnerDataExhaustedError):
+        error = LearnerDataExhaustedError(error)
       return mark_failed(error)
     tf_hooks.wrap_closure_queue(tf_hooks.closure_queue(self),
                                 mark_failed=explained)

@@ -7,13 +7,15 @@ each test runs are beside it, below the tests.
 """
 
 import concurrent.futures
+import re
 
 import numpy as np
 import pytest
 
 from tests.cluster_fixtures import (compiled_mlp, connect_cluster,
                                     counting_weight, repeated_batches,
-                                    report_as_dict, synthetic_data)
+                                    report_as_dict, seeded_mlp,
+                                    synthetic_data)
 from tests.support import assert_invariants
 from tests.support import run_in_fresh_process
 
@@ -34,22 +36,34 @@ def test_fit_evaluate_predict_with_every_input_kind():
 
 
 @pytest.mark.parametrize("protocol,runs", [("async", 1), ("hardsync", 3)])
-def test_a_learner_whose_data_runs_out_gets_a_clear_error(protocol, runs):
-  # TF alone ends such a fit with a bare CancelledError (stock PSS too).
+def test_a_learner_whose_data_runs_out_fails_as_on_stock_pss(protocol, runs):
+  # The chief's error stays an OutOfRangeError, as on stock PSS, naming the
+  # learner and the fix: tf_keras's fit takes it for the end of the data
+  # (a warning) and then fails with CancelledError, as it does on stock PSS
+  # (the stock run below); a custom loop's join raises it as it is.
   # Hardsync: TF cancels the other closures and waits for them; without
   # RudraCoordinator opening the barriers meanwhile, a pull waiting for a
   # round a cancelled closure left short hung (2 of 9 such runs side by
-  # side), so three run side by side here.
-  with concurrent.futures.ThreadPoolExecutor(runs) as pool:
+  # side), and the opener's own calls must not be cancelled with the
+  # closures (1 of 6 runs hung), so three run side by side here.
+  with concurrent.futures.ThreadPoolExecutor(runs + 1) as pool:
+    stock = pool.submit(run_in_fresh_process, exhausted_input,
+                        protocol=None, timeout=150)
     results = list(pool.map(
         lambda _: run_in_fresh_process(exhausted_input,
                                        protocol=protocol, timeout=150),
         range(runs)))
+  assert stock.result()["fit_error"] == "CancelledError"
+  explanation = ("The dataset of learner 0 ran out of data. Under "
+                 "RudraStrategy, as under TensorFlow's "
+                 "ParameterServerStrategy, a learner's dataset must not end: "
+                 "end the dataset (or dataset function) with .repeat() and "
+                 "give fit steps_per_epoch.")
   for result in results:
-    assert result["error"] is not None, "fit did not fail"
-    assert result["error"].startswith(
-        "The dataset of learner 0 ran out of data.")
-    assert "with .repeat() and give fit steps_per_epoch" in result["error"]
+    assert result["fit_error"] == "CancelledError"
+    assert result["logged_explanation"], "TF did not log the explanation"
+    assert result["join_error"] == ["LearnerDataExhaustedError", True,
+                                    explanation]
     # The counters stay exact through the failed fit, and a new fit trains
     # on (hardsync: in exact rounds again, every new gradient fresh).
     assert_invariants(result["report"])
@@ -200,12 +214,32 @@ def _mlp_forward(weights, x):
 
 
 def exhausted_input(protocol, num_learners=3):
-  """Learner 0's dataset holds 3 batches and ends; the others repeat."""
+  """Learner 0's dataset holds 3 batches and ends; the others repeat.
+
+  `protocol` None: the same fit on TF's own ParameterServerStrategy, where
+  every learner's dataset is learner 0's (all end).
+  """
+  import logging  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
-  _, strategy = connect_cluster(1, num_learners, protocol)
+  import rudra_tf  # pylint: disable=g-import-not-at-top
   x, y = synthetic_data()
-  model = compiled_mlp(strategy, "sgd_momentum", "divide_by_n")
+  if protocol is None:
+    cluster = rudra_tf.LocalCluster(num_ps=1, num_learners=num_learners)
+    strategy = tf.distribute.ParameterServerStrategy(cluster.resolver)
+    with strategy.scope():
+      model = seeded_mlp()
+      model.compile(tf_keras.optimizers.SGD(0.05, momentum=0.9),
+                    "sparse_categorical_crossentropy")
+  else:
+    _, strategy = connect_cluster(1, num_learners, protocol)
+    model = compiled_mlp(strategy, "sgd_momentum", "divide_by_n")
+  logged = []
+
+  class Collect(logging.Handler):
+    def emit(self, record):
+      logged.append(record.getMessage())
+  logging.getLogger("tensorflow").addHandler(Collect())
 
   def dataset_fn(context):
     dataset = tf.data.Dataset.from_tensor_slices((x[:12], y[:12])).batch(4)
@@ -213,13 +247,47 @@ def exhausted_input(protocol, num_learners=3):
   try:
     model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
               epochs=2, steps_per_epoch=30, verbose=0)
-    error = None
-  except ValueError as raised:
-    error = str(raised)
+    fit_error = None
+  except tf.errors.OpError as raised:
+    fit_error = type(raised).__name__
+  if protocol is None:
+    return {"fit_error": fit_error}
   report = report_as_dict(strategy)
   # The same model trains on once its data repeats.
   model.fit(repeated_batches(x, y, 4), epochs=1, steps_per_epoch=9, verbose=0)
-  return {"error": error, "report": report, "retry": report_as_dict(strategy)}
+  result = {"fit_error": fit_error, "report": report,
+            "retry": report_as_dict(strategy),
+            "logged_explanation": any(
+                "LearnerDataExhaustedError(): The dataset of learner 0 ran "
+                "out of data." in line for line in logged)}
+  # A custom loop whose every learner has 2 batches: 3λ + 3 steps, join.
+  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+      strategy)
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: strategy.distribute_datasets_from_function(
+          lambda context: tf.data.Dataset.from_tensor_slices(
+              (x[:8], y[:8])).batch(4))))
+
+  @tf.function
+  def train_step(iterator):
+    def replica_step(features, labels):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(
+            labels, model(features)))
+      gradients = tape.gradient(loss, model.trainable_variables)
+      model.optimizer.apply_gradients(zip(gradients,
+                                          model.trainable_variables))
+    strategy.run(replica_step, args=next(iterator))
+  try:
+    for _ in range(3 * num_learners + 3):
+      coordinator.schedule(train_step, args=(iterator,))
+    coordinator.join()
+    result["join_error"] = None
+  except tf.errors.OutOfRangeError as raised:
+    result["join_error"] = [type(raised).__name__, isinstance(
+        raised, rudra_tf.coordinator.LearnerDataExhaustedError),
+                            re.sub(r"learner \d", "learner 0", str(raised))]
+  return result
 
 
 def leftover_pull_after_failed_fit(retire=True, round_wait_s=60):

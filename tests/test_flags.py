@@ -21,7 +21,8 @@ def flag_values(**overrides):
                 checkpoint_dir=None, log_dir=None, results=None, seed=0,
                 gpus=0, steps_per_execution=1, emulated_step_ms=[],
                 learner_restarts=3, kill_task=[], save_model=None,
-                checkpoint_every_steps=None, checkpoint_every_secs=None)
+                checkpoint_every_steps=None, checkpoint_every_secs=None,
+                progress_every_s=5.0)
   values.update(overrides)
   return types.SimpleNamespace(**values)
 
@@ -38,6 +39,8 @@ def flag_values(**overrides):
     (dict(epochs=0), 4, 1, "--epochs must be >= 1"),
     (dict(steps_per_epoch=0), 4, 1, "--steps_per_epoch must be >= 1"),
     (dict(max_staleness=0), 4, 1, "max_staleness"),
+    (dict(progress_every_s=-1.0), 4, 1,
+     "--progress_every_s must be >= 0 (0: no in-epoch lines), got -1.0"),
     (dict(global_batch=30), 4, 1, "multiple of λ=4"),
     (dict(global_batch=128, minibatch=16), 4, 1, "contradicts"),
     (dict(minibatch=0), 4, 1, "--minibatch must be >= 1"),

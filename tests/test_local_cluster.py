@@ -2,7 +2,9 @@
 learner, and leaves no process behind."""
 
 import json
+import re
 import signal
+import threading
 
 import pytest
 
@@ -75,8 +77,20 @@ def test_a_learner_beyond_its_restarts_stops_every_task():
 
 
 def test_interrupting_the_launcher_stops_every_task():
-  job, children = start_long_job()
+  job, children = start_long_job(["--progress_every_s=0.2"])
   assert len(children) == 4
+  # Inside the long epoch the chief says where it is (launch/progress.py);
+  # the watchdog ends the job if no such line comes.
+  watchdog = threading.Timer(120, job.kill)
+  watchdog.start()
+  line = next((line for line in job.stdout
+               if line.startswith("[chief:0] epoch 1/1 step ")), "")
+  watchdog.cancel()
+  match = re.fullmatch(
+      r"\[chief:0\] epoch 1/1 step (\d+)/100000 \| [\d.]+ updates/s \d+ "
+      r"examples/s \| staleness mean [\d.]+ \| (\d+|\?) s left\n", line)
+  assert match, line
+  assert int(match.group(1)) <= 100000
   job.send_signal(signal.SIGINT)
   job.stdout.read()
   job.wait(timeout=120)

@@ -57,3 +57,32 @@ def test_cuda_start_up_notices_are_recognized_and_nothing_else():
                    "coordinator.cc:1] a real error\n")
   assert not noise("epoch 1/4: loss 0.7519 accuracy 0.7211\n")
   assert not noise("ps:0 serving on 127.0.0.1:37325\n")
+
+
+# Printed by TensorFlow 2.21 at start-up on a CPU with oneDNN's custom ops.
+_ONEDNN_LINE = ("I0000 00:00:1796174480.397132   29545 port.cc:153] oneDNN "
+                "custom operations are on. You may see slightly different "
+                "numerical results due to floating-point round-off errors "
+                "from different computation orders. To turn them off, set the "
+                "environment variable `TF_ENABLE_ONEDNN_OPTS=0`.\n")
+_NO_CUDA_LINE = ("I0000 00:00:1796174480.384089   29545 cudart_stub.cc:31] "
+                 "Could not find cuda drivers on your machine, GPU will not "
+                 "be used.\n")
+
+
+@pytest.mark.parametrize("level,driver,drops_onednn,drops_no_cuda", [
+    (None, False, True, True),   # the launcher's default level, 2
+    ("1", True, True, False),    # a driver: a CUDA notice is worth seeing
+    ("0", False, False, True),   # INFO asked for: the oneDNN notice stays
+])
+def test_start_up_noise_by_log_level_and_driver(level, driver, drops_onednn,
+                                                drops_no_cuda):
+  environment = {} if level is None else {"TF_CPP_MIN_LOG_LEVEL": level}
+  drop = tf_environment.startup_noise(environment, driver)
+  assert drop(_ONEDNN_LINE) is drops_onednn
+  assert drop(_NO_CUDA_LINE) is drops_no_cuda
+  assert not drop("[chief:0] epoch 1/4 step 420/1875 | 19.1 updates/s\n")
+  assert not drop("I0000 00:00:1796174480.397132   29545 port.cc:153] "
+                  "another notice\n")
+  assert tf_environment.startup_noise({"TF_CPP_MIN_LOG_LEVEL": "0"},
+                                      True) is None
