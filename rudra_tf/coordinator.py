@@ -119,6 +119,44 @@ def push_key_scope(push_key):
     _state.push_key = previous
 
 
+class StepPlan:
+  """What `RudraStrategy.run` does in the traces of one scheduled function.
+
+  A scheduled function is traced twice before it first runs:
+
+      probing --(first trace, thrown away)--> planned (pulls = pushed)
+
+  The first trace (`probing`) pulls nothing: the step reads the live
+  variables, and the optimizer builds its state but pushes nothing. A model
+  built lazily (no Input) creates its variables there, so they exist, and
+  become protocol variables, before the first step pulls; and the trace
+  shows whether the function pushes at all (`pushed`). The function then
+  scheduled is traced anew: its steps pull only if the first trace pushed
+  (a function that trains nothing, as an evaluation or preprocessing step
+  of a custom loop, pulls nothing, as under TF's own strategy: a hardsync
+  pull without a push would hold a round's token forever).
+  """
+
+  def __init__(self):
+    self.probing = True
+    self.pushed = False
+
+
+def current_step_plan():
+  """The `StepPlan` of the scheduled function being traced, or None."""
+  return getattr(_state, "step_plan", None)
+
+
+@contextlib.contextmanager
+def _step_plan_scope(plan):
+  previous = current_step_plan()
+  _state.step_plan = plan
+  try:
+    yield plan
+  finally:
+    _state.step_plan = previous
+
+
 # tf_keras's multi-step train function takes its step count as this argument.
 _STEPS_ARGUMENT = "steps_per_execution"
 NO_DEDUPLICATION = -1
@@ -137,19 +175,27 @@ class _KeyedFunction:
     self._steps_index = (parameters.index(_STEPS_ARGUMENT)
                          if _STEPS_ARGUMENT in parameters else None)
     self.push_key = None
+    self.plan = StepPlan()
 
     def keyed(key, limit, *args, **kwargs):
-      with push_key_scope(PushKey(key, limit)) as push_key:
+      with push_key_scope(PushKey(key, limit)) as push_key, \
+          _step_plan_scope(self.plan):
         self.push_key = push_key
         return self._python_function(*args, **kwargs)
-    self.function = tf.function(keyed)
+    self._keyed = keyed
+    self.function = None
 
   def trace(self, args, kwargs):
+    """The probing trace, then the trace of the function scheduled
+    (`StepPlan`)."""
     specs = (tf_hooks.scheduled_argument_specs(tuple(args or ())),
              tf_hooks.scheduled_argument_specs(dict(kwargs or {})))
-    self.function.get_concrete_function(
-        tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64),
-        *specs[0], **specs[1])
+    for _ in ("probing", "planned"):
+      self.function = tf.function(self._keyed)
+      self.function.get_concrete_function(
+          tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64),
+          *specs[0], **specs[1])
+      self.plan.probing = False
 
   def limit(self, args):
     """Pushes one run of the closure makes, or NO_DEDUPLICATION."""

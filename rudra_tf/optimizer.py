@@ -218,6 +218,9 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     grads, trainable_variables = zip(*grads_and_vars)
     with tf.init_scope():
       self.build(trainable_variables)
+    if pulled.plan is not None:  # a probing trace: built, nothing pushed
+      pulled.plan.pushed = True
+      return self.iterations
     grads = tf_hooks.clip_gradients(self._optimizer, grads)
     self._strategy.push_gradients(
         list(zip(grads, trainable_variables)), pulled, self._apply_update,

@@ -185,9 +185,13 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     * Mixed precision: `mixed_bfloat16` only; tf_keras refuses
       `mixed_float16` (loss scaling) under any parameter-server strategy.
     * Every learner's dataset must repeat (as under stock PSS); a learner
-      whose data runs out fails the fit with a ValueError naming it.
-    * Trainable variables must exist before the first training step; one
-      strategy trains one model.
+      whose data runs out fails with a `LearnerDataExhaustedError` (an
+      OutOfRangeError, as on stock PSS) naming it.
+    * A model may be built lazily (no Input): each scheduled function is
+      first traced once without pulling (`coordinator.StepPlan`), where
+      the model creates its variables; its steps then pull only if that
+      trace pushed. Trainable variables created after training started are
+      refused; one strategy trains one model.
     * `model.save` (.keras, .h5) resumes inside a new RudraStrategy's scope
       with the optimizer's and shards' state; with a `variable_partitioner`
       tf_keras cannot write those formats (nor under stock PSS): export
@@ -338,7 +342,16 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     """Runs `fn` on a learner; training steps see a pull of the weights."""
     if _is_inference_step(fn):
       return super().run(fn, args, kwargs, options)
+    plan = coordinator_lib.current_step_plan()
+    if plan is not None and not plan.probing and not plan.pushed:
+      return super().run(fn, args, kwargs, options)  # trains nothing
     converted = tf_hooks.autograph_converted(fn)
+    if plan is not None and plan.probing:
+      @tf.autograph.experimental.do_not_convert
+      def probed_step(*step_args, **step_kwargs):
+        with variables_lib.pull_scope(variables_lib.PulledWeights.probe(plan)):
+          return converted(*step_args, **step_kwargs)
+      return super().run(probed_step, args, kwargs, options)
     push_key = coordinator_lib.current_push_key()
     if push_key is not None and not tf_hooks.inside_autograph_trial():
       push_key.runs += 1

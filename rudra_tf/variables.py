@@ -37,6 +37,10 @@ class PulledWeights:
       de-duplication).
     learner: the index of the learner that pulled (an int64 tensor).
     incarnation: hardsync: that learner's incarnation (an int64 tensor).
+    plan: in a scheduled function's probing trace, its
+      `coordinator.StepPlan` (nothing was pulled: reads are live, and a
+      push only builds the optimizer and marks the plan `pushed`); else
+      None.
   """
 
   def __init__(self):
@@ -45,6 +49,14 @@ class PulledWeights:
     self.push_key = None
     self.learner = None
     self.incarnation = None
+    self.plan = None
+
+  @classmethod
+  def probe(cls, plan):
+    """The empty pull of a probing trace (see `plan` above)."""
+    pulled = cls()
+    pulled.plan = plan
+    return pulled
 
 
 def _stack():

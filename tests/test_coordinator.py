@@ -159,6 +159,41 @@ def test_a_closure_of_unknown_step_count_is_not_deduplicated():
   assert result["w"] == pytest.approx(-0.6, rel=1e-6)
 
 
+@pytest.mark.parametrize("protocol,steps_per_execution", [
+    ("hardsync", 1), ("hardsync", 3), ("async", 1), ("1-softsync", 3)])
+def test_a_lazily_built_model_trains_from_its_first_step(protocol,
+                                                         steps_per_execution):
+  # Sequential without Input, as in TF's tutorial: the variables appear in
+  # the first (probing) trace, then become protocol variables; every step
+  # of 2 epochs x 6 is one gradient, counted, and hardsync's all fresh.
+  result = run_in_fresh_process(lazily_built_model, protocol=protocol,
+                                steps_per_execution=steps_per_execution)
+  assert result["variables"] == [(6, 8), (8,), (8, 3), (3,)]
+  report = result["report"]
+  assert report["gradients"] == 12 and report["dropped"] == 0
+  assert report["timestamp"] == 12 // report["gradients_per_update"]
+  assert_invariants(report)
+  if protocol == "hardsync":
+    assert report["histogram"][0] == 12
+  assert all(np.isfinite(loss) for loss in result["losses"])
+  assert result["moved"], "training did not change the weights"
+
+
+def test_a_function_that_trains_nothing_pulls_nothing():
+  # Scheduled functions that push no gradient (a computation with no model
+  # yet; a read of the weights under hardsync, λ = 2, six times) run as on
+  # TF's own strategy: no "no trainable variables" error, no hardsync token
+  # taken (six such pulls would have held three rounds' tokens and hung).
+  # Then 4 training steps (lr 0.5, loss = w): two updates, w = -1.
+  result = run_in_fresh_process(functions_that_train_nothing)
+  assert result["no_model_yet"] == [2, 2]
+  assert result["tokens_before"] == result["tokens_after"] == (2, [0, 0])
+  assert result["reads"] == [0.0] * 6
+  assert result["w"] == -1.0
+  assert result["report"]["gradients"] == 4
+  assert_invariants(result["report"])
+
+
 # ------------------------------------------------------------- scenarios
 def input_kinds():
   """fit/evaluate/predict with numpy, tf.data and DatasetCreator input."""
@@ -414,3 +449,76 @@ def rerun_closures(protocol="async", consistent_pulls=True, steps=3,
   coordinator.join()
   return {"w": float(np.asarray(w.read_value())), "report": report_as_dict(strategy),
           "limit": keyed.limit(args)}
+
+
+def lazily_built_model(protocol, steps_per_execution):
+  """A model with no Input (built by its first step) fits 2 epochs x 6."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = connect_cluster(1, 2, protocol)
+  x, y = synthetic_data()
+  with strategy.scope():
+    model = tf_keras.Sequential([
+        tf_keras.layers.Dense(8, activation="tanh"),
+        tf_keras.layers.Dense(3, activation="softmax")])
+    model.compile(rudra_tf.StalenessAwareOptimizer(
+        tf_keras.optimizers.SGD(0.05)), "sparse_categorical_crossentropy",
+                  steps_per_execution=steps_per_execution)
+  history = model.fit(repeated_batches(x, y, 8), epochs=1, steps_per_epoch=6,
+                      verbose=0)
+  after_one = [w.copy() for w in model.get_weights()]
+  history2 = model.fit(repeated_batches(x, y, 8), epochs=1, steps_per_epoch=6,
+                       verbose=0)
+  return {"variables": [tuple(v.shape) for v in model.trainable_variables],
+          "losses": history.history["loss"] + history2.history["loss"],
+          "moved": any(not np.array_equal(a, b) for a, b in
+                       zip(after_one, model.get_weights())),
+          "report": report_as_dict(strategy)}
+
+
+def functions_that_train_nothing():
+  """λ = 2 hardsync: functions that push nothing, then 4 training steps."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  _, strategy = connect_cluster(1, 2, "hardsync")
+  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+      strategy)
+
+  @tf.function
+  def plus_one(x):
+    return strategy.run(lambda value: value + 1, args=(x,))
+  no_model_yet = [coordinator.schedule(plus_one, args=(tf.constant(1),))
+                  for _ in range(2)]
+  coordinator.join()
+  with strategy.scope():
+    w = tf.Variable(0.0)
+    optimizer = rudra_tf.StalenessAwareOptimizer(
+        tf_keras.optimizers.SGD(0.5))
+    optimizer.build([w])
+  shard, = strategy.build_shards()
+  tokens_before = shard.token_counts()
+
+  @tf.function
+  def read_weight():
+    return strategy.run(lambda: w * 1.0)
+  reads = [coordinator.schedule(read_weight) for _ in range(6)]
+  coordinator.join()
+  tokens_after = shard.token_counts()
+
+  def replica_step():
+    with tf.GradientTape() as tape:
+      loss = w * 1.0
+    optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+
+  @tf.function
+  def train():
+    strategy.run(replica_step)
+  for _ in range(4):
+    coordinator.schedule(train)
+  coordinator.join()
+  return {"no_model_yet": [int(v.fetch()) for v in no_model_yet],
+          "tokens_before": tokens_before, "tokens_after": tokens_after,
+          "reads": [float(v.fetch()) for v in reads],
+          "w": float(w.numpy()), "report": report_as_dict(strategy)}
