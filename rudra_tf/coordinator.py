@@ -176,6 +176,8 @@ class _KeyedFunction:
                          if _STEPS_ARGUMENT in parameters else None)
     self.push_key = None
     self.plan = StepPlan()
+    # The strategy's model_generation when traced: its model's, if it trains.
+    self.generation = None
 
     def keyed(key, limit, *args, **kwargs):
       with push_key_scope(PushKey(key, limit)) as push_key, \
@@ -268,6 +270,9 @@ class RudraCoordinator(tf.distribute.experimental.coordinator.ClusterCoordinator
       keyed = self._keyed_functions[fn] = _KeyedFunction(fn)
       with self.strategy.scope(), tf_hooks.being_scheduled(self.strategy):
         keyed.trace(args, kwargs)
+      keyed.generation = self.strategy.model_generation
+    if keyed.plan.pushed:  # it trains: the model this strategy trains now?
+      self.strategy.refuse_retired_model(keyed.generation)
     return self._schedule_keyed(keyed, next(self._next_key), args, kwargs)
 
   def _watch_learner_failures(self):
@@ -344,6 +349,10 @@ class RudraCoordinator(tf.distribute.experimental.coordinator.ClusterCoordinator
         stop.wait(BARRIER_OPEN_INTERVAL_S)
     threading.Thread(target=open_until_the_fit_is_over, daemon=True,
                      name="rudra-open-barriers").start()
+
+  def idle(self):
+    """Nothing scheduled runs (always, before the first schedule)."""
+    return not hasattr(self, "_keyed_functions") or self._nothing_runs()
 
   def _nothing_runs(self):
     """No closure runs and no failure waits to be raised: a failed fit is

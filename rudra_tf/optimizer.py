@@ -1,5 +1,6 @@
 """StalenessAwareOptimizer: any tf_keras optimizer, applied by Rudra's rules."""
 
+from absl import logging
 import tensorflow as tf
 import tf_keras
 
@@ -48,18 +49,34 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   The inner optimizer's gradient clipping runs on the learner, before the
   push; its weight decay and variable constraints run with each update.
 
-  Must be created inside `RudraStrategy.scope()`, with the inner optimizer
-  created there too (its learning rate then lives on a ps task).
+  Must be created inside `RudraStrategy.scope()`. The inner optimizer may
+  be a tf_keras optimizer (SGD, Adam, AdamW, ...) or a legacy one
+  (`tf_keras.optimizers.legacy.SGD`, `RMSprop`, ..., as TensorFlow's
+  parameter-server tutorial uses): a legacy optimizer's `decay` and
+  schedule then count the shard's updates (its timestamp), as they count
+  the steps of plain training. It may be created outside the scope, as
+  stock ParameterServerStrategy allows: its learning rate and step
+  counter then stay on the chief, and each update reads them from there.
+
+  Unwrapped: a model compiled (or a custom loop written) with a plain
+  tf_keras optimizer trains too: RudraStrategy gathers each step's
+  gradients from the optimizer's own apply_gradients and pushes them
+  through an implicit wrapper with lr_policy "none" (rudra_tf/strategy.py,
+  `_StepGradients`). Wrap it yourself to choose another policy, and to
+  have the protocol state (each shard's timestamp, counters and pending
+  gradients) saved with the optimizer: an unwrapped optimizer's
+  checkpoints hold its own variables only, as under stock PSS.
 
   Saving: `model.save` to .keras or .h5 stores the wrapper's config and its
   state (the inner optimizer's slots, each shard's timestamp, counters,
   histogram and pending gradients); `tf_keras.models.load_model` inside a
-  new RudraStrategy's scope resumes from it. The SavedModel format, as in
-  plain tf_keras, restores no optimizer state. To load such a model without
-  a cluster (inference, evaluation), pass `compile=False`.
+  new RudraStrategy's scope resumes from it. Loaded where no RudraStrategy
+  is current, it is a plain tf_keras model compiled with the inner
+  optimizer (fresh state; tf_keras then warns that it skipped the saved
+  optimizer variables). The SavedModel format, as in plain tf_keras,
+  restores no optimizer state.
 
-  Limitations: legacy (`tf_keras.optimizers.legacy`) optimizers and
-  `use_ema=True` are not supported.
+  Limitations: `use_ema=True` is not supported.
   """
 
   def __init__(self, optimizer, lr_policy=protocol_lib.LR_NONE,
@@ -75,21 +92,20 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     if isinstance(optimizer, StalenessAwareOptimizer):
       raise ValueError("StalenessAwareOptimizer cannot wrap another "
                        "StalenessAwareOptimizer.")
-    if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+    hooks = tf_hooks.optimizer_hooks(optimizer)
+    if hooks is None:
       raise ValueError(
           "StalenessAwareOptimizer wraps a tf_keras optimizer such as "
-          f"tf_keras.optimizers.SGD or Adam; got {optimizer!r}.")
-    if tf_hooks.strategy_of_optimizer(optimizer) is not strategy:
-      raise ValueError(
-          "The wrapped optimizer was created outside this RudraStrategy's "
-          "scope; create it inside `with strategy.scope():` too.")
-    if optimizer.use_ema:
+          "tf_keras.optimizers.SGD or Adam, or a legacy one such as "
+          f"tf_keras.optimizers.legacy.SGD; got {optimizer!r}.")
+    if hooks.uses_ema():
       raise ValueError("StalenessAwareOptimizer does not support an inner "
                        "optimizer with use_ema=True.")
     policy = protocol_lib.LearningRatePolicy.create(lr_policy,
                                                     strategy.protocol)
     super().__init__(name=name, jit_compile=False)
     self._optimizer = optimizer
+    self._hooks = self._no_dependency(hooks)
     self._policy = policy
     self._strategy = self._no_dependency(strategy)
 
@@ -130,7 +146,7 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     for shard in getattr(self, "_rudra_shards", None) or ():
       shard_variables += [shard.timestamp, shard.ledger]
       shard_variables += list(shard.accumulators)
-    return _CallableList(list(self._optimizer.variables) + shard_variables)
+    return _CallableList(self._hooks.variables() + shard_variables)
 
   def set_weights(self, weights):
     """Assigns `weights` (numpy arrays, in the order of `variables`).
@@ -190,7 +206,7 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   def build(self, var_list):
     if getattr(self, "_built", False):
       return
-    self._optimizer.build(var_list)
+    self._hooks.build(var_list)
     # The protocol state is built with the slots, so that a checkpoint
     # restored before training restores it too; tracked here, so that the
     # optimizer's checkpoints and saved models hold it.
@@ -211,7 +227,8 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
       raise ValueError(
           "StalenessAwareOptimizer.apply_gradients must run inside a "
           "RudraStrategy training step (model.fit, or strategy.run inside "
-          "ClusterCoordinator.schedule), where the weights were pulled.")
+          "ClusterCoordinator.schedule), where the weights were pulled; an "
+          "eager strategy.run runs on the chief, which is no learner.")
     grads_and_vars = tf_hooks.filter_empty_gradients(list(grads_and_vars))
     if not grads_and_vars:
       return self.iterations
@@ -221,7 +238,7 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     if pulled.plan is not None:  # a probing trace: built, nothing pushed
       pulled.plan.pushed = True
       return self.iterations
-    grads = tf_hooks.clip_gradients(self._optimizer, grads)
+    grads = self._hooks.clip(grads, trainable_variables)
     self._strategy.push_gradients(
         list(zip(grads, trainable_variables)), pulled, self._apply_update,
         self._policy)
@@ -231,24 +248,19 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     """One update on one shard at `timestamp` (the shard clock's value
     before the update); run inside the shard's lock, except on the async
     fast path (`consistent_pulls=False`)."""
-    inner = self._optimizer
-    base = tf_hooks.base_learning_rate(inner)
+    base = self._hooks.base_learning_rate()
     if isinstance(base, _LearningRateSchedule):
       base = base(timestamp)
     learning_rate = tf.convert_to_tensor(base) * self._policy.multiplier
-    with tf_hooks.learning_rate_and_step_set_to(inner, learning_rate,
-                                                timestamp):
-      if inner.weight_decay:
-        for _, variable in mean_grads_and_vars:
-          if tf_hooks.uses_weight_decay(inner, variable):
-            decay = tf.cast(inner.weight_decay * learning_rate,
-                            variable.dtype)
-            variable.assign_sub(variable.live_read() * decay)
-      for gradient, variable in mean_grads_and_vars:
-        tf_hooks.update_step(inner, gradient, variable)
-      for _, variable in mean_grads_and_vars:
-        if variable.constraint is not None:
-          variable.assign(variable.constraint(variable.live_read()))
+    for _, variable in mean_grads_and_vars:
+      decay = self._hooks.weight_decay(variable)
+      if decay:
+        variable.assign_sub(variable.live_read() *
+                            tf.cast(decay * learning_rate, variable.dtype))
+    self._hooks.apply(mean_grads_and_vars, learning_rate, timestamp)
+    for _, variable in mean_grads_and_vars:
+      if variable.constraint is not None:
+        variable.assign(variable.constraint(variable.live_read()))
 
   # --------------------------------------------------------- serialization
   def get_config(self):
@@ -266,7 +278,19 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     config = dict(config)
     config.pop("is_legacy_optimizer", None)
     inner = config.pop("optimizer")
-    if not isinstance(inner, tf_keras.optimizers.Optimizer):
+    if tf_hooks.optimizer_hooks(inner) is None:
+      # Its config says whether it is a legacy optimizer.
       inner = tf_keras.optimizers.deserialize(
-          inner, custom_objects=custom_objects, use_legacy_optimizer=False)
+          inner, custom_objects=custom_objects)
+    if not isinstance(tf.distribute.get_strategy(),
+                      strategy_lib.RudraStrategy):
+      # load_model with no RudraStrategy around: a plain tf_keras model,
+      # compiled with the inner optimizer (fresh: the saved state belongs
+      # to the parameter-server shards).
+      logging.warning(
+          "Loading a StalenessAwareOptimizer outside a RudraStrategy: the "
+          "model is compiled with its inner optimizer (%s), with fresh "
+          "state; load it inside a RudraStrategy's scope to train on from "
+          "the saved state.", type(inner).__name__)
+      return inner
     return cls(inner, **config)

@@ -83,7 +83,8 @@ class ShardState(tf_hooks.AutoTrackable):
   (`coordinator.RudraCoordinator` starts each run's keys at a random base).
   """
 
-  def __init__(self, strategy, index, model_variables, protocol, bins):
+  def __init__(self, strategy, index, model_variables, protocol, bins,
+               incarnations=None):
     self.index = index
     self._protocol = protocol
     self._layout = ledger_lib.LedgerLayout(bins, protocol.num_learners)
@@ -102,10 +103,12 @@ class ShardState(tf_hooks.AutoTrackable):
                       name=f"rudra/shard_{index}/accumulator_{i}")
           for i, v in enumerate(model_variables)]
       # Hardsync: each learner's incarnation (+1 each time the chief saw it
-      # die); written only by the chief.
+      # die); written only by the chief. It starts at the chief's count
+      # (`incarnations`), which a failed fit before these shards existed
+      # (an earlier model's) has already raised.
       self._incarnations = self._no_dependency(tf.Variable(
-          tf.zeros([protocol.num_learners], _INT), trainable=False,
-          name=f"rudra/shard_{index}/incarnations"))
+          tf.constant(incarnations or [0] * protocol.num_learners, _INT),
+          trainable=False, name=f"rudra/shard_{index}/incarnations"))
     with tf.device(self.device):
       self._lock = tf.CriticalSection(name=f"rudra_shard_{index}_lock")
       # Hardsync wake-ups: a waiting pull sleeps on this queue, then takes a

@@ -2,6 +2,7 @@
 
 import contextlib
 import importlib
+import threading
 
 from absl import logging
 import tensorflow as tf
@@ -84,14 +85,83 @@ class RudraExtended(tf_hooks.ParameterServerExtended):
 
   def _update(self, var, fn, args, kwargs, group):
     # Keyed on the variable, not on the pull: tf_keras optimizers reach here
-    # through merge_call, on another thread than the learner's step.
-    if self._container_strategy()._is_protocol_variable(var):  # pylint: disable=protected-access
+    # through merge_call, on the thread that called strategy.run, not on the
+    # learner step's own thread.
+    strategy = self._container_strategy()
+    if not strategy._is_protocol_variable(var):  # pylint: disable=protected-access
+      strategy._refuse_retired(var)  # pylint: disable=protected-access
+      return super()._update(var, fn, args, kwargs, group)
+    optimizer, kind = tf_hooks.optimizer_of_update(fn)
+    step = _StepGradients.current()
+    if optimizer is None or step is None:
       raise ValueError(
-          "RudraStrategy applies gradients through "
-          "rudra_tf.StalenessAwareOptimizer, but the model's optimizer "
-          "updated a variable directly. Compile the model with "
-          "optimizer=rudra_tf.StalenessAwareOptimizer(your_optimizer).")
-    return super()._update(var, fn, args, kwargs, group)
+          f"Variable {var.name} is updated by the parameter-server "
+          "protocol: only a tf_keras optimizer's apply_gradients inside a "
+          "training step (model.fit, or strategy.run inside "
+          "ClusterCoordinator.schedule) may change it (an eager "
+          "strategy.run runs on the chief, which is no learner); this "
+          f"update was {getattr(fn, '__qualname__', fn)!r}.")
+    if kind == "gradient":
+      step.add(optimizer, args[0], var)
+      if step.wrapper is None:
+        step.wrapper = strategy._implicit_wrapper(optimizer)  # pylint: disable=protected-access
+    # kind == "weight_decay": applied with each update, on the shard.
+    # As ParameterServerStrategy returns an update: ungrouped, one per
+    # replica (legacy optimizers iterate over it).
+    done = tf.no_op()
+    return done if group else (done,)
+
+
+class _StepGradients:
+  """The gradients a plain tf_keras optimizer (not wrapped in a
+  StalenessAwareOptimizer) applies in one learner step.
+
+  tf_keras hands them to `RudraExtended._update` one variable at a time,
+  on the thread that called `strategy.run`; gathered here, they are pushed
+  as one gradient through the optimizer's implicit wrapper when the step's
+  function returns (`RudraStrategy.run`).
+  """
+
+  _active = threading.local()
+
+  def __init__(self):
+    self.optimizer = None
+    self.wrapper = None
+    self.grads_and_vars = []
+
+  @classmethod
+  def current(cls):
+    stack = getattr(cls._active, "stack", None)
+    return stack[-1] if stack else None
+
+  @contextlib.contextmanager
+  def gathering(self):
+    stack = self._active.__dict__.setdefault("stack", [])
+    stack.append(self)
+    try:
+      yield self
+    finally:
+      stack.pop()
+
+  def add(self, optimizer, gradient, variable):
+    if self.optimizer is not None and self.optimizer is not optimizer:
+      raise ValueError(
+          "Two optimizers applied gradients in one training step; "
+          "RudraStrategy pushes one gradient per learner step. Use one "
+          "optimizer, or wrap each in a StalenessAwareOptimizer and call "
+          "one per step.")
+    if any(variable is v for _, v in self.grads_and_vars):
+      raise ValueError(
+          f"Variable {variable.name} received two gradients in one training "
+          "step (apply_gradients called twice); RudraStrategy pushes one "
+          "gradient per learner step.")
+    self.optimizer = optimizer
+    self.grads_and_vars.append((gradient, variable))
+
+  def push(self):
+    """Pushes the gathered gradients (graph code, in the learner step)."""
+    if self.grads_and_vars:
+      self.wrapper.apply_gradients(self.grads_and_vars)
 
 
 class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
@@ -111,7 +181,10 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   * "async" (= "λ-softsync"): c = 1, each gradient is applied on arrival.
 
   The learning-rate policy (α0, α0/n, α0/σ) belongs to
-  `rudra_tf.StalenessAwareOptimizer`, which the model must be compiled with.
+  `rudra_tf.StalenessAwareOptimizer`, which wraps the model's optimizer. A
+  plain tf_keras optimizer (new or legacy), as stock ParameterServerStrategy
+  code passes it, trains with lr_policy "none": its gradients are pushed
+  through an implicit wrapper (see StalenessAwareOptimizer, "Unwrapped").
 
   Usage with tf_keras `model.fit`:
 
@@ -190,8 +263,20 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     * A model may be built lazily (no Input): each scheduled function is
       first traced once without pulling (`coordinator.StepPlan`), where
       the model creates its variables; its steps then pull only if that
-      trace pushed. Trainable variables created after training started are
-      refused; one strategy trains one model.
+      trace pushed.
+    * One strategy trains one model at a time, the newest: a model built
+      after another one trained gets shards of its own (clocks, counters,
+      report), and the earlier model's variables leave the protocol
+      (evaluate and predict still read them; training that model again is
+      refused, as is a trainable variable created while closures run).
+    * A plain (unwrapped) optimizer trains with lr_policy "none"; its
+      `iterations` count the pushes (as on stock PSS, where each push is
+      an update), the shards' timestamps count the updates; its
+      checkpoints hold its own variables, not the protocol state.
+      Two optimizers, or two apply_gradients, in one step are refused.
+    * An eager `strategy.run` (on the chief, outside any scheduled
+      function) runs there, as on stock, but cannot train: the chief is no
+      learner.
     * `model.save` (.keras, .h5) resumes inside a new RudraStrategy's scope
       with the optimizer's and shards' state; with a `variable_partitioner`
       tf_keras cannot write those formats (nor under stock PSS): export
@@ -222,7 +307,10 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
           f"consistent_pulls must be True or False, got {consistent_pulls!r}.")
     self._consistent_pulls = consistent_pulls
     self._trainable_variables = []
+    self._retired_variables = []
+    self._model_generation = 0
     self._shards = None
+    self._implicit_wrappers = {}
     self._incarnations = [0] * num_learners
     super().__init__(cluster_resolver, variable_partitioner)
     tf_hooks.use_extended_class(self, RudraExtended)
@@ -247,20 +335,70 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   def max_staleness(self):
     return self._max_staleness
 
+  @property
+  def model_generation(self):
+    """Which model this strategy trains: +1 each time a newer one is built
+    (`_retire_trained_model`); a step traced for an earlier one is refused
+    (RudraCoordinator.schedule)."""
+    return self._model_generation
+
+  def refuse_retired_model(self, generation):
+    """Raises ValueError if `generation` (a step's, when it was traced) is
+    not the model this strategy trains now."""
+    if generation != self._model_generation:
+      raise ValueError(
+          "This training step belongs to a model this RudraStrategy "
+          "trained before a newer one was created: one RudraStrategy trains "
+          "one model at a time, the newest, and the earlier model's "
+          "variables have left the protocol. Train the earlier model under "
+          "a strategy of its own.")
+
   # ------------------------------------------------------------- variables
   def _register_variable(self, variable):
     # tf_keras creates its step counters as int64 variables that tf.Variable
     # marks trainable; only floating-point weights take part in the protocol.
     if variable.trainable and variable.dtype.is_floating:
       if self._shards is not None:
-        raise ValueError(
-            f"Trainable variable {variable.name} was created after training "
-            "started; RudraStrategy needs every trainable variable to exist "
-            "before the first step (build the model before fit).")
+        self._retire_trained_model(variable)
       self._trainable_variables.append(variable)
+
+  def _retire_trained_model(self, new_variable):
+    """A new model: the trained one's variables leave the protocol.
+
+    One strategy trains one model at a time, the newest: the shards (and
+    their clocks, counters and barriers) were built for the variables that
+    existed at the first step; a trainable variable created after that
+    starts a new model, whose shards are built at its first step. The
+    retired variables keep their values (evaluate and predict still read
+    them), but no gradient reaches them any more: a push to one is refused
+    (`_refuse_retired`). Refused while closures run: their shards would
+    lose the strategy's fault handling mid-flight.
+    """
+    coordinator = tf_hooks.coordinator_of(self)
+    if coordinator is not None and not coordinator.idle():
+      raise ValueError(
+          f"Trainable variable {new_variable.name} was created while this "
+          "RudraStrategy's model trains; RudraStrategy needs every trainable "
+          "variable to exist before the first step (build the model before "
+          "fit), and starts a new model only when nothing runs.")
+    self._retired_variables.extend(self._trainable_variables)
+    self._trainable_variables = []
+    self._shards = None
+    self._implicit_wrappers = {}
+    self._model_generation += 1
 
   def _is_protocol_variable(self, variable):
     return any(variable is v for v in self._trainable_variables)
+
+  def _refuse_retired(self, variable):
+    if any(variable is v for v in self._retired_variables):
+      raise ValueError(
+          f"Variable {variable.name} belongs to a model this RudraStrategy "
+          "trained before a newer one was created (or was created after "
+          "its model's training started): one RudraStrategy trains one "
+          "model at a time, the newest, and each needs all its trainable "
+          "variables before its first step. Train the earlier model under "
+          "a strategy of its own, or build every layer before fit.")
 
   # ------------------------------------------- what the optimizer uses
   def build_shards(self):
@@ -285,7 +423,8 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
         not tf.distribute.in_cross_replica_context()
     with tf.init_scope(), (
         contextlib.nullcontext() if in_replica else self.scope()):
-      shards = [ShardState(self, index, device_variables, self._protocol, bins)
+      shards = [ShardState(self, index, device_variables, self._protocol, bins,
+                           incarnations=list(self._incarnations))
                 for index, device_variables in
                 enumerate(by_device[d] for d in sorted(by_device))]
       self._shards = shards
@@ -333,25 +472,40 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     for shard in self._shards:
       if shard.owns(variable):
         return shard
+    self._refuse_retired(variable)
     raise ValueError(
         f"Variable {variable.name} is not a trainable variable created under "
         "this RudraStrategy's scope.")
 
   # ------------------------------------------------------------ pull / push
   def run(self, fn, args=(), kwargs=None, options=None):
-    """Runs `fn` on a learner; training steps see a pull of the weights."""
-    if _is_inference_step(fn):
+    """Runs `fn` on a learner; training steps see a pull of the weights.
+
+    Called eagerly (on the chief, outside any scheduled function, as stock
+    ParameterServerStrategy allows), `fn` runs there as on stock, without a
+    pull; it cannot train, since the chief is no learner: an
+    `apply_gradients` in it gets an error that says so. A `tf.function`
+    passed as `fn` is traced into the learner's step, so that what it
+    calls in replica context (a metric's `result()`) finds the replica
+    context it would find on stock ParameterServerStrategy."""
+    if _is_inference_step(fn) or tf.executing_eagerly():
       return super().run(fn, args, kwargs, options)
+    if isinstance(fn, tf.types.experimental.PolymorphicFunction):
+      fn = fn.python_function
     plan = coordinator_lib.current_step_plan()
     if plan is not None and not plan.probing and not plan.pushed:
       return super().run(fn, args, kwargs, options)  # trains nothing
     converted = tf_hooks.autograph_converted(fn)
+    step_gradients = _StepGradients()
     if plan is not None and plan.probing:
       @tf.autograph.experimental.do_not_convert
       def probed_step(*step_args, **step_kwargs):
         with variables_lib.pull_scope(variables_lib.PulledWeights.probe(plan)):
-          return converted(*step_args, **step_kwargs)
-      return super().run(probed_step, args, kwargs, options)
+          outputs = converted(*step_args, **step_kwargs)
+          step_gradients.push()
+          return outputs
+      with step_gradients.gathering():
+        return super().run(probed_step, args, kwargs, options)
     push_key = coordinator_lib.current_push_key()
     if push_key is not None and not tf_hooks.inside_autograph_trial():
       push_key.runs += 1
@@ -362,9 +516,24 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       pulled = self._pull()
       pulled.push_key = push_key
       with variables_lib.pull_scope(pulled):
-        return converted(*step_args, **step_kwargs)
+        outputs = converted(*step_args, **step_kwargs)
+        step_gradients.push()
+        return outputs
 
-    return super().run(pulled_step, args, kwargs, options)
+    with step_gradients.gathering():
+      return super().run(pulled_step, args, kwargs, options)
+
+  def _implicit_wrapper(self, optimizer):
+    """The StalenessAwareOptimizer (lr_policy "none") that applies a plain
+    tf_keras optimizer's gradients: made at its first push, kept with the
+    optimizer (whose slots and hyper-parameters it uses)."""
+    key = id(optimizer)
+    if key not in self._implicit_wrappers:
+      optimizer_lib = importlib.import_module("rudra_tf.optimizer")
+      with tf.init_scope():
+        wrapper = optimizer_lib.StalenessAwareOptimizer(optimizer)
+      self._implicit_wrappers[key] = (optimizer, wrapper)
+    return self._implicit_wrappers[key][1]
 
   def _pull(self):
     pulled = variables_lib.PulledWeights()

@@ -12,7 +12,7 @@ ParameterServerStrategy
     `_create_var_creator`, `_create_variable`,
     `_distribute_datasets_from_function` and `_update`),
     `use_extended_class`, `distributed_datasets_from_function`,
-    `being_scheduled`, `num_workers`, `ShardedVariable`.
+    `being_scheduled`, `num_workers`, `coordinator_of`, `ShardedVariable`.
 ClusterCoordinator
     `PerWorkerDatasetFromFunction`, `PerWorkerIterator`, `iterator_spec`,
     `set_type_spec`, `dataset_output_spec`, `scheduled_argument_specs`,
@@ -26,8 +26,8 @@ Graphs
     `chief_cpu_device`, `colocated_with_nothing`, `autograph_converted`.
 tf_keras
     `created_by_model_method`, `is_step_of`, `filter_empty_gradients`,
-    `clip_gradients`, `uses_weight_decay`, `update_step`,
-    `base_learning_rate`, `learning_rate_and_step_set_to`,
+    `optimizer_hooks` (`KerasOptimizerHooks`, `LegacyOptimizerHooks`: build,
+    clip, learning rate, weight decay, one update), `optimizer_of_update`,
     `strategy_of_optimizer`, `unwrap_autocast`.
 Variables and data
     `CachingVariable`, `wrapped_variable`, `record_variable_read`,
@@ -35,6 +35,7 @@ Variables and data
 """
 
 import contextlib
+import inspect
 import sys
 import threading
 
@@ -93,6 +94,11 @@ def being_scheduled(strategy):
 def num_workers(strategy):
   """The worker tasks of a (stock) ParameterServerStrategy."""
   return strategy._num_workers
+
+
+def coordinator_of(strategy):
+  """The strategy's ClusterCoordinator (one per strategy), or None."""
+  return getattr(strategy, "_cluster_coordinator", None)
 
 
 # ------------------------------------------------------ ClusterCoordinator
@@ -290,30 +296,123 @@ def filter_empty_gradients(grads_and_vars):
   return utils.filter_empty_gradients(grads_and_vars)
 
 
-def clip_gradients(optimizer, gradients):
-  """The optimizer's clipnorm / clipvalue / global_clipnorm."""
-  return optimizer._clip_gradients(gradients)
+def optimizer_hooks(optimizer):
+  """The private update path of a tf_keras optimizer, new or legacy
+  (`KerasOptimizerHooks`, `LegacyOptimizerHooks`), or None for anything
+  else."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  if isinstance(optimizer, tf_keras.optimizers.Optimizer):
+    return KerasOptimizerHooks(optimizer)
+  if isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+    return LegacyOptimizerHooks(optimizer)
+  return None
 
 
-def uses_weight_decay(optimizer, variable):
-  return optimizer._use_weight_decay(variable)
+class KerasOptimizerHooks:
+  """tf_keras.optimizers.Optimizer (SGD, Adam, ...): what the wrapper uses
+  to build it, clip, and apply one update on a shard."""
+
+  is_legacy = False
+
+  def __init__(self, optimizer):
+    self._optimizer = optimizer
+
+  def build(self, var_list):
+    self._optimizer.build(var_list)
+
+  def variables(self):
+    return list(self._optimizer.variables)
+
+  def uses_ema(self):
+    return bool(self._optimizer.use_ema)
+
+  def clip(self, gradients, variables):
+    """The optimizer's clipnorm / clipvalue / global_clipnorm."""
+    del variables
+    return self._optimizer._clip_gradients(gradients)
+
+  def base_learning_rate(self):
+    """A variable, or a LearningRateSchedule."""
+    return self._optimizer._learning_rate
+
+  def weight_decay(self, variable):
+    """The decoupled weight decay for `variable`, or None."""
+    optimizer = self._optimizer
+    if optimizer.weight_decay and optimizer._use_weight_decay(variable):
+      return optimizer.weight_decay
+    return None
+
+  def apply(self, grads_and_vars, learning_rate, step):
+    """The update rule for each (gradient, variable) and its slots, as if
+    the rate were `learning_rate` and the step counter `step`."""
+    with _attributes_set_to(self._optimizer, _learning_rate=learning_rate,
+                            _iterations=step):
+      for gradient, variable in grads_and_vars:
+        self._optimizer._update_step(gradient, variable)
 
 
-def update_step(optimizer, gradient, variable):
-  """The optimizer's update rule for one variable (and its slots)."""
-  optimizer._update_step(gradient, variable)
+class LegacyOptimizerHooks:
+  """tf_keras.optimizers.legacy.* (OptimizerV2): the same surface as
+  `KerasOptimizerHooks`, over its hyper-parameter dict, `_prepare` and
+  `_resource_apply_*` (its `decay` then counts the shard's updates)."""
 
+  is_legacy = True
 
-def base_learning_rate(optimizer):
-  """The optimizer's rate: a variable, or a LearningRateSchedule."""
-  return optimizer._learning_rate
+  def __init__(self, optimizer):
+    self._optimizer = optimizer
+
+  def build(self, var_list):
+    self._optimizer._create_all_weights(var_list)
+
+  def variables(self):
+    return list(self._optimizer.variables())
+
+  def uses_ema(self):
+    return False
+
+  def clip(self, gradients, variables):
+    pairs = self._optimizer._transform_gradients(
+        list(zip(gradients, variables)))
+    return [gradient for gradient, _ in pairs]
+
+  def base_learning_rate(self):
+    import tf_keras  # pylint: disable=g-import-not-at-top
+    rate = self._optimizer._hyper["learning_rate"]
+    schedule = tf_keras.optimizers.schedules.LearningRateSchedule
+    if callable(rate) and not isinstance(rate, (schedule, tf.Variable)):
+      rate = rate()
+    return rate
+
+  def weight_decay(self, variable):
+    del variable
+    return None
+
+  def apply(self, grads_and_vars, learning_rate, step):
+    optimizer = self._optimizer
+    hyper = dict(optimizer._hyper, learning_rate=learning_rate)
+    with _attributes_set_to(optimizer, _hyper=hyper, _iterations=step):
+      apply_state = optimizer._prepare([v for _, v in grads_and_vars])
+      for gradient, variable in grads_and_vars:
+        if isinstance(gradient, tf.IndexedSlices):
+          optimizer._resource_apply_sparse_duplicate_indices(
+              gradient.values, variable, gradient.indices,
+              **self._apply_state_argument(optimizer._sparse_apply_args,
+                                           apply_state))
+        else:
+          optimizer._resource_apply_dense(
+              gradient, variable,
+              **self._apply_state_argument(optimizer._dense_apply_args,
+                                           apply_state))
+
+  @staticmethod
+  def _apply_state_argument(accepted, apply_state):
+    return {"apply_state": apply_state} if "apply_state" in accepted else {}
 
 
 @contextlib.contextmanager
-def learning_rate_and_step_set_to(optimizer, learning_rate, step):
-  """While tracing: the optimizer's update rule sees `learning_rate` and
-  the step `step` (Adam's bias correction), with no Trackable bookkeeping."""
-  values = {"_learning_rate": learning_rate, "_iterations": step}
+def _attributes_set_to(optimizer, **values):
+  """While tracing: the optimizer's attributes `values`, with no Trackable
+  bookkeeping (tf_keras tracks what is set through setattr)."""
   saved = {name: optimizer.__dict__[name] for name in values}
   try:
     for name, value in values.items():
@@ -322,6 +421,38 @@ def learning_rate_and_step_set_to(optimizer, learning_rate, step):
   finally:
     for name, value in saved.items():
       object.__setattr__(optimizer, name, value)
+
+
+# The update functions tf_keras optimizers hand to `extended.update`, by
+# qualified name: a plain optimizer's apply_gradients reaches the strategy
+# only through them (RudraExtended._update), one variable at a time.
+_UPDATE_FUNCTIONS = (
+    "Optimizer._distributed_apply_gradients_fn.<locals>."
+    "apply_grad_to_update_var",
+    "OptimizerV2._distributed_apply.<locals>.apply_grad_to_update_var",
+)
+_WEIGHT_DECAY_FUNCTIONS = (
+    "Optimizer._apply_weight_decay.<locals>.distributed_apply_weight_decay."
+    "<locals>.weight_decay_fn",
+)
+
+
+def optimizer_of_update(update_fn):
+  """For an update function a tf_keras optimizer passed to
+  `extended.update`: (the optimizer, "gradient" or "weight_decay");
+  (None, None) for any other function."""
+  # `extended.update` hands `_update` the function autograph-wrapped.
+  update_fn = inspect.unwrap(update_fn)
+  qualname = getattr(update_fn, "__qualname__", "")
+  kind = ("gradient" if qualname in _UPDATE_FUNCTIONS else
+          "weight_decay" if qualname in _WEIGHT_DECAY_FUNCTIONS else None)
+  if kind is None:
+    return None, None
+  cells = dict(zip(update_fn.__code__.co_freevars,
+                   update_fn.__closure__ or ()))
+  if "self" not in cells or optimizer_hooks(cells["self"].cell_contents) is None:
+    return None, None
+  return cells["self"].cell_contents, kind
 
 
 def strategy_of_optimizer(optimizer):

@@ -56,15 +56,24 @@ def seeded_mlp(features=6, hidden=8, classes=3, seed=2):
   return model
 
 
-def compiled_mlp(strategy, optimizer, lr_policy, **compile_kwargs):
-  """The MLP, compiled under `strategy` with a StalenessAwareOptimizer."""
+def compiled_mlp(strategy, optimizer, lr_policy, handed="wrapped",
+                 **compile_kwargs):
+  """The MLP, compiled under `strategy`. `handed`: "wrapped" (in a
+  StalenessAwareOptimizer with `lr_policy`), "plain" (the optimizer
+  itself, as stock ParameterServerStrategy code passes it), or
+  "outside_plain" / "outside_wrapped" (the optimizer made outside the
+  strategy's scope, as tf_keras's own tests make it)."""
   import rudra_tf  # pylint: disable=g-import-not-at-top
+  if handed not in ("wrapped", "plain", "outside_plain", "outside_wrapped"):
+    raise ValueError(handed)
+  inner = make_optimizer(optimizer) if handed.startswith("outside") else None
   with strategy.scope():
     model = seeded_mlp()
-    model.compile(
-        optimizer=rudra_tf.StalenessAwareOptimizer(
-            make_optimizer(optimizer), lr_policy=lr_policy),
-        loss="sparse_categorical_crossentropy", **compile_kwargs)
+    inner = inner or make_optimizer(optimizer)
+    if handed.endswith("wrapped"):
+      inner = rudra_tf.StalenessAwareOptimizer(inner, lr_policy=lr_policy)
+    model.compile(optimizer=inner, loss="sparse_categorical_crossentropy",
+                  **compile_kwargs)
   return model
 
 
@@ -82,6 +91,14 @@ def make_optimizer(name):
   if name == "adamw_global_clipnorm":
     return tf_keras.optimizers.AdamW(0.01, weight_decay=0.05,
                                      global_clipnorm=1.0)
+  if name == "legacy_sgd_momentum_decay":
+    return tf_keras.optimizers.legacy.SGD(0.05, momentum=0.9, decay=0.01)
+  if name == "legacy_rmsprop_clipnorm":
+    return tf_keras.optimizers.legacy.RMSprop(0.01, clipnorm=0.5)
+  if name == "legacy_adam_schedule":
+    schedule = tf_keras.optimizers.schedules.PiecewiseConstantDecay(
+        [10, 20], [0.01, 0.005, 0.001])
+    return tf_keras.optimizers.legacy.Adam(schedule)
   if name == "sgd_schedule":
     schedule = tf_keras.optimizers.schedules.PiecewiseConstantDecay(
         [10, 20], [0.1, 0.05, 0.01])

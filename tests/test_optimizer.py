@@ -19,12 +19,25 @@ from tests.support import assert_invariants
 from tests.support import run_in_fresh_process
 
 
-@pytest.mark.parametrize("optimizer", [
-    "sgd_momentum", "adam", "sgd_schedule", "sgd_weight_decay_clipnorm",
-    "adamw_global_clipnorm"])
-def test_one_learner_async_equals_plain_keras(optimizer):
+@pytest.mark.parametrize("optimizer,handed", [
+    ("sgd_momentum", "wrapped"), ("adam", "wrapped"),
+    ("sgd_schedule", "wrapped"), ("sgd_weight_decay_clipnorm", "wrapped"),
+    ("adamw_global_clipnorm", "wrapped"),
+    # tf_keras's legacy optimizers (TensorFlow's PS tutorial uses them):
+    # the decay and the schedule count the shard's updates, as the plain
+    # optimizer's iterations count its steps.
+    ("legacy_sgd_momentum_decay", "wrapped"),
+    ("legacy_rmsprop_clipnorm", "wrapped"),
+    ("legacy_adam_schedule", "wrapped"),
+    # Stock ParameterServerStrategy code: the optimizer not wrapped, made
+    # inside the scope or outside it.
+    ("sgd_weight_decay_clipnorm", "plain"), ("adam", "plain"),
+    ("legacy_rmsprop_clipnorm", "plain"),
+    ("sgd_momentum", "outside_plain"), ("legacy_adam_schedule", "outside_plain"),
+    ("adamw_global_clipnorm", "outside_wrapped")])
+def test_one_learner_async_equals_plain_keras(optimizer, handed):
   result = run_in_fresh_process(one_learner_matches_plain,
-                                optimizer=optimizer)
+                                optimizer=optimizer, handed=handed)
   assert result["report"]["timestamp"] == 30
   assert result["report"]["max"] == 0
   for rudra, plain in zip(result["rudra"], result["plain"]):
@@ -205,15 +218,22 @@ def test_a_saved_model_loads_without_a_cluster_for_inference(saved_models):
                                   compile_model=False)
     np.testing.assert_allclose(loaded["predictions"], saved["predictions"],
                                atol=1e-6)
-  refused = run_in_fresh_process(load_without_cluster,
-                                 path=f"{directory}/model.keras",
+  # Compiled too: a plain tf_keras model with the inner optimizer (its
+  # config: SGD, rate 0.05, momentum 0.9), which trains with no cluster.
+  for name in ("model.keras", "model.h5"):
+    plain = run_in_fresh_process(load_without_cluster,
+                                 path=f"{directory}/{name}",
                                  compile_model=True)
-  assert "pass compile=False to tf_keras.models.load_model" in \
-      refused["error"]
+    assert plain["optimizer"] == ("SGD", pytest.approx(0.05),
+                                  pytest.approx(0.9)), name
+    np.testing.assert_allclose(plain["predictions"], saved["predictions"],
+                               atol=1e-6)
+    assert np.isfinite(plain["loss_after_a_step"]), name
 
 
 # ------------------------------------------------------------- scenarios
-def one_learner_matches_plain(optimizer, steps=30, dtype_policy=None):
+def one_learner_matches_plain(optimizer, steps=30, dtype_policy=None,
+                              handed="wrapped"):
   """One learner, async, lr_policy "none", against plain tf_keras (both
   under `dtype_policy`, e.g. "mixed_bfloat16", when given)."""
   if dtype_policy is not None:
@@ -221,7 +241,7 @@ def one_learner_matches_plain(optimizer, steps=30, dtype_policy=None):
     tf_keras.mixed_precision.set_global_policy(dtype_policy)
   _, strategy = connect_cluster(1, 1, "async")
   x, y = synthetic_data()
-  model = compiled_mlp(strategy, optimizer, "none")
+  model = compiled_mlp(strategy, optimizer, "none", handed=handed)
   model.fit(repeated_batches(x, y, 8), epochs=1, steps_per_epoch=steps, verbose=0)
   reference = seeded_mlp()
   reference.compile(optimizer=make_optimizer(optimizer),
@@ -313,9 +333,13 @@ def load_without_cluster(path, compile_model):
   """Loads a saved model in a process with no cluster and no strategy."""
   import tf_keras  # pylint: disable=g-import-not-at-top
   from rudra_tf import StalenessAwareOptimizer  # pylint: disable=g-import-not-at-top,unused-import
-  try:
-    model = tf_keras.models.load_model(path, compile=compile_model)
-  except ValueError as error:
-    return {"error": str(error)}
-  x, _ = synthetic_data()
-  return {"predictions": model.predict(x[:16], verbose=0)}
+  model = tf_keras.models.load_model(path, compile=compile_model)
+  x, y = synthetic_data()
+  result = {"predictions": model.predict(x[:16], verbose=0)}
+  if compile_model:
+    optimizer = model.optimizer
+    result["optimizer"] = (type(optimizer).__name__,
+                           float(optimizer.learning_rate),
+                           float(optimizer.momentum))
+    result["loss_after_a_step"] = model.train_on_batch(x[:16], y[:16])
+  return result

@@ -179,11 +179,16 @@ def test_concurrent_pushes_keep_exact_invariants():
 def test_misuse_inside_a_live_strategy_gets_clear_errors():
   messages = run_in_fresh_process(errors_with_cluster)
   expected = {
-      "inner_created_outside_scope": "inside `with strategy.scope():`",
       "wraps_itself": "cannot wrap another",
-      "legacy_optimizer": "wraps a tf_keras optimizer",
+      "not_an_optimizer": "wraps a tf_keras optimizer such as "
+                          "tf_keras.optimizers.SGD or Adam, or a legacy one",
       "bad_lr_policy": "'divide_by_two'",
-      "plain_optimizer_fit": "StalenessAwareOptimizer(your_optimizer)",
+      "two_optimizers_in_a_step": "Two optimizers applied gradients in one "
+                                  "training step",
+      "plain_apply_outside_step": "only a tf_keras optimizer's "
+                                  "apply_gradients inside a training step",
+      "eager_run_that_trains": "an eager strategy.run runs on the chief, "
+                               "which is no learner",
       "fit_without_steps": "specify the number of steps",
       "fit_numpy_without_steps": "`steps_per_epoch`",
       "evaluate_without_steps": "specify the number of steps",
@@ -209,7 +214,102 @@ def test_hardsync_on_two_shards_is_never_stale_and_exact():
   assert_invariants(report)
 
 
+def test_strategy_run_variants_run_as_on_stock():
+  # tf_keras's own PS tests call strategy.run these ways; stock runs both.
+  result = run_in_fresh_process(strategy_run_variants)
+  # A tf.function that updates a Mean with 1.0 then reads result() in
+  # replica context, scheduled once: 1.0.
+  assert result["metric_result"] == 1.0
+  # Eagerly on the chief: fn runs there, reading the live weight.
+  assert result["eager_on_chief"] == pytest.approx(1.0 + result["kernel_00"])
+  # Neither pushed anything.
+  assert result["report"]["gradients"] == 0
+
+
+def test_a_new_model_on_the_strategy_trains_on_shards_of_its_own():
+  # Hardsync, λ = 2 (c = 2). Model A: 4 steps, 2 updates. Then model B is
+  # built on the same strategy: its 6 steps make a report of its own (6
+  # gradients, 3 updates, all σ = 0), and A's weights, retired from the
+  # protocol, are left as A's training left them.
+  result = run_in_fresh_process(two_models_on_one_strategy)
+  assert result["a"]["gradients"] == 4 and result["a"]["timestamp"] == 2
+  b = result["b"]
+  assert b["gradients"] == 6 and b["timestamp"] == 3
+  assert b["histogram"][0] == 6
+  assert_invariants(b)
+  assert result["a_unchanged_by_b"]
+  # Training A again is refused, through its wrapper or a plain optimizer.
+  for name in ("a_again_wrapped", "a_again_plain"):
+    assert "belongs to a model this RudraStrategy trained before" in \
+        result[name], result[name]
+
+
 # ------------------------------------------------------------- scenarios
+def two_models_on_one_strategy():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  _, strategy = connect_cluster(1, 2, "hardsync")
+  x, y = synthetic_data()
+  model_a = compiled_mlp(strategy, "sgd_momentum", "none")
+  model_a.fit(repeated_batches(x, y, 4), epochs=1, steps_per_epoch=4,
+              verbose=0)
+  result = {"a": report_as_dict(strategy)}
+  weights_a = model_a.get_weights()
+  model_b = compiled_mlp(strategy, "sgd_momentum", "none", handed="plain")
+  model_b.fit(repeated_batches(x, y, 4), epochs=1, steps_per_epoch=6,
+              verbose=0)
+  result["b"] = report_as_dict(strategy)
+  result["a_unchanged_by_b"] = all(
+      np.array_equal(before, after)
+      for before, after in zip(weights_a, model_a.get_weights()))
+
+  def error_of(fn):
+    try:
+      fn()
+    except (ValueError, tf.errors.OpError) as error:
+      return str(error)
+    return "no error"
+
+  result["a_again_wrapped"] = error_of(lambda: model_a.fit(
+      repeated_batches(x, y, 4), epochs=1, steps_per_epoch=2, verbose=0))
+  with strategy.scope():
+    model_a.compile(optimizer=tf_keras.optimizers.SGD(0.1),
+                    loss="sparse_categorical_crossentropy")
+  result["a_again_plain"] = error_of(lambda: model_a.fit(
+      repeated_batches(x, y, 4), epochs=1, steps_per_epoch=2, verbose=0))
+  return result
+
+
+def strategy_run_variants():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  _, strategy = connect_cluster(1, 2, "hardsync")
+  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+      strategy)
+  with strategy.scope():
+    model = seeded_mlp()
+    metric = tf_keras.metrics.Mean()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+  kernel = model.trainable_variables[0]
+
+  @tf.function
+  def replica_fn():
+    metric.update_state(1.0)
+    return metric.result()
+
+  @tf.function
+  def worker_fn():
+    return strategy.run(replica_fn)
+
+  metric_result = coordinator.schedule(worker_fn)
+  coordinator.join()
+  eager = strategy.run(lambda: tf.constant(1.0) + kernel[0, 0])
+  return {"metric_result": float(metric_result.fetch()),
+          "eager_on_chief": float(eager),
+          "kernel_00": float(kernel[0, 0]),
+          "report": report_as_dict(strategy)}
+
+
 def counter_placement(steps=7, steps_per_execution=3):
   """Where tf_keras's counters and the weights live; a multi-step fit."""
   _, strategy = connect_cluster(2, 1, "async")
@@ -304,22 +404,29 @@ def errors_with_cluster():
     except (ValueError, TypeError, RuntimeError) as error:
       messages[name] = f"{type(error).__name__}: {error}"
 
-  outside_optimizer = tf_keras.optimizers.SGD(0.1)
   with strategy.scope():
     plain_model = seeded_mlp()
     plain_model.compile(optimizer=tf_keras.optimizers.SGD(0.1),
                         loss="sparse_categorical_crossentropy")
-    capture("inner_created_outside_scope",
-            lambda: rudra_tf.StalenessAwareOptimizer(outside_optimizer))
     capture("wraps_itself", lambda: rudra_tf.StalenessAwareOptimizer(
         rudra_tf.StalenessAwareOptimizer(tf_keras.optimizers.SGD(0.1))))
-    capture("legacy_optimizer", lambda: rudra_tf.StalenessAwareOptimizer(
-        tf_keras.optimizers.legacy.SGD(0.1)))
+    capture("not_an_optimizer",
+            lambda: rudra_tf.StalenessAwareOptimizer("sgd"))
     capture("bad_lr_policy", lambda: rudra_tf.StalenessAwareOptimizer(
         tf_keras.optimizers.SGD(0.1), lr_policy="divide_by_two"))
     wrapper = rudra_tf.StalenessAwareOptimizer(tf_keras.optimizers.SGD(0.1))
-  capture("plain_optimizer_fit", lambda: plain_model.fit(
-      repeated_batches(x, y, 4), epochs=1, steps_per_epoch=2, verbose=0))
+    first, second = tf_keras.optimizers.SGD(0.1), tf_keras.optimizers.Adam()
+  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+      strategy)
+  kernel, bias = plain_model.trainable_variables[:2]
+
+  @tf.function
+  def two_optimizers():
+    def step():
+      first.apply_gradients([(tf.ones_like(kernel), kernel)])
+      second.apply_gradients([(tf.ones_like(bias), bias)])
+    strategy.run(step)
+
   capture("fit_without_steps", lambda: plain_model.fit(
       repeated_batches(x, y, 4), epochs=1, verbose=0))
   capture("fit_numpy_without_steps", lambda: plain_model.fit(
@@ -329,4 +436,14 @@ def errors_with_cluster():
   variable = plain_model.trainable_variables[0]
   capture("apply_outside_step", lambda: wrapper.apply_gradients(
       [(tf.zeros(variable.shape), variable)]))
+  capture("plain_apply_outside_step", lambda: first.apply_gradients(
+      [(tf.ones_like(kernel), kernel)]))
+  capture("eager_run_that_trains", lambda: strategy.run(
+      lambda: first.apply_gradients([(tf.ones_like(kernel), kernel)])))
+
+  def schedule_and_join():
+    coordinator.schedule(two_optimizers)
+    coordinator.join()
+
+  capture("two_optimizers_in_a_step", schedule_and_join)
   return messages

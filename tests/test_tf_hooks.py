@@ -65,6 +65,15 @@ def test_parameter_server_strategy_hooks():
       pss.ParameterServerStrategyV2.__init__)
 
 
+def test_the_strategy_holds_its_one_coordinator():
+  # tf_hooks.coordinator_of: ClusterCoordinator is one per strategy, kept on
+  # the strategy (RudraStrategy asks it whether anything runs).
+  from tensorflow.python.distribute.coordinator import cluster_coordinator  # pylint: disable=g-import-not-at-top
+  source = inspect.getsource(cluster_coordinator.ClusterCoordinator.__new__)
+  assert "strategy._cluster_coordinator = " in source
+  assert tf_hooks.coordinator_of(tf.distribute.get_strategy()) is None
+
+
 def test_critical_section_releases_after_returned_values_only():
   # The reason for shard_state._after_all_ops: the lock's release waits for
   # the returned tensors, not for every op the function created.
@@ -79,6 +88,13 @@ def test_tf_keras_optimizer_hooks():
   for name in ("_update_step", "_clip_gradients", "_use_weight_decay",
                "_var_key"):
     assert callable(getattr(sgd, name)), name
+  legacy = tf_keras.optimizers.legacy.SGD(0.1)
+  for name in ("_hyper", "_iterations"):
+    assert name in legacy.__dict__, name
+  for name in ("_create_all_weights", "_transform_gradients", "_prepare",
+               "_resource_apply_dense",
+               "_resource_apply_sparse_duplicate_indices"):
+    assert callable(getattr(legacy, name)), name
   learning_rate_source = inspect.getsource(
       tf_keras.optimizers.Optimizer.learning_rate.fget)
   assert "self._learning_rate" in learning_rate_source
@@ -412,29 +428,83 @@ def test_autograph_trial_iteration_graph_behind_push_limits():
 # ------------------------------------------------ the adapters themselves
 def test_optimizer_adapters_on_a_real_sgd():
   sgd = tf_keras.optimizers.SGD(0.1, clipnorm=1.0)
+  hooks = tf_hooks.optimizer_hooks(sgd)
+  assert not hooks.is_legacy
   variable = tf.Variable([1.0, 1.0])
-  sgd.build([variable])
+  hooks.build([variable])
   assert tf_hooks.strategy_of_optimizer(sgd) is tf.distribute.get_strategy()
-  assert float(tf_hooks.base_learning_rate(sgd)) == pytest.approx(0.1)
+  assert float(hooks.base_learning_rate()) == pytest.approx(0.1)
   # clipnorm 1: [3, 4] (norm 5) becomes [0.6, 0.8].
-  clipped, = tf_hooks.clip_gradients(sgd, [tf.constant([3.0, 4.0])])
+  clipped, = hooks.clip([tf.constant([3.0, 4.0])], [variable])
   assert clipped.numpy() == pytest.approx([0.6, 0.8])
-  with tf_hooks.learning_rate_and_step_set_to(
-      sgd, tf.constant(0.5), tf.constant(7, tf.int64)):
-    assert float(sgd.learning_rate) == 0.5 and int(sgd.iterations) == 7
-    tf_hooks.update_step(sgd, tf.constant([1.0, 2.0]), variable)
+  hooks.apply([(tf.constant([1.0, 2.0]), variable)], tf.constant(0.5),
+              tf.constant(7, tf.int64))
   assert variable.numpy() == pytest.approx([0.5, 0.0])  # 1 - 0.5·[1, 2]
   assert float(sgd.learning_rate) == pytest.approx(0.1)
   assert int(sgd.iterations) == 0  # the swap leaves the real counter alone
+  assert len(hooks.variables()) == len(sgd.variables)
   kept = tf_hooks.filter_empty_gradients([(None, variable),
                                           (tf.constant([1.0, 1.0]), variable)])
   assert len(kept) == 1
   adamw = tf_keras.optimizers.AdamW(0.1, weight_decay=0.1)
   adamw.exclude_from_weight_decay(var_names=["no_decay"])
   adamw.build([variable])
-  assert tf_hooks.uses_weight_decay(adamw, variable)
-  assert not tf_hooks.uses_weight_decay(adamw,
-                                        tf.Variable(1.0, name="no_decay"))
+  adamw_hooks = tf_hooks.optimizer_hooks(adamw)
+  assert adamw_hooks.weight_decay(variable) == pytest.approx(0.1)
+  assert adamw_hooks.weight_decay(tf.Variable(1.0, name="no_decay")) is None
+  assert tf_hooks.optimizer_hooks("sgd") is None
+
+
+def test_legacy_optimizer_adapters_on_a_real_legacy_sgd():
+  # Legacy SGD, momentum 0.5, decay 0.1, clipvalue 1. One update at
+  # step 3 with rate 0.2: the decayed rate is 0.2 / (1 + 0.1·3) = 0.2/1.3;
+  # the gradient [3, -0.5] is clipped to [1, -0.5]; momentum starts at 0:
+  # m = -lr·g, w = 1 + m = [1 - 0.2/1.3, 1 + 0.1/1.3].
+  sgd = tf_keras.optimizers.legacy.SGD(0.1, momentum=0.5, decay=0.1,
+                                       clipvalue=1.0)
+  hooks = tf_hooks.optimizer_hooks(sgd)
+  assert hooks.is_legacy and hooks.weight_decay(None) is None
+  variable = tf.Variable([1.0, 1.0])
+  hooks.build([variable])
+  assert float(hooks.base_learning_rate()) == pytest.approx(0.1)
+  clipped, = hooks.clip([tf.constant([3.0, -0.5])], [variable])
+  assert clipped.numpy() == pytest.approx([1.0, -0.5])
+  hooks.apply([(clipped, variable)], tf.constant(0.2),
+              tf.constant(3, tf.int64))
+  lr = 0.2 / 1.3
+  assert variable.numpy() == pytest.approx([1 - lr, 1 + 0.5 * lr])
+  assert float(sgd.learning_rate) == pytest.approx(0.1)  # swapped back
+  assert int(sgd.iterations) == 0
+  # Its slots (momentum) and its counter and hyper-parameters.
+  assert len(hooks.variables()) == len(sgd.variables()) >= 2
+  # A rate given as a function is read when asked for.
+  callable_rate = tf_keras.optimizers.legacy.SGD(lambda: 0.25)
+  assert float(tf_hooks.optimizer_hooks(callable_rate)
+               .base_learning_rate()) == 0.25
+  source = inspect.getsource(tf_keras.optimizers.legacy.Optimizer._decayed_lr)
+  assert "self.iterations" in source and '_get_hyper("learning_rate"' in source
+
+
+def test_the_update_functions_of_tf_keras_optimizers_are_recognized(
+    monkeypatch):
+  # What a plain optimizer hands RudraExtended._update, for each kind.
+  seen = []
+  extended = tf.distribute.get_strategy().extended
+  original = extended._update
+
+  def recording_update(var, fn, args, kwargs, group):
+    seen.append(tf_hooks.optimizer_of_update(fn))
+    return original(var, fn, args, kwargs, group)
+
+  monkeypatch.setattr(extended, "_update", recording_update)
+  variable = tf.Variable([1.0])
+  new = tf_keras.optimizers.SGD(0.1, weight_decay=0.01)
+  legacy = tf_keras.optimizers.legacy.SGD(0.1)
+  new.apply_gradients([(tf.constant([1.0]), variable)])
+  legacy.apply_gradients([(tf.constant([1.0]), variable)])
+  assert (new, "weight_decay") in seen and (new, "gradient") in seen
+  assert (legacy, "gradient") in seen
+  assert tf_hooks.optimizer_of_update(lambda v, g: None) == (None, None)
 
 
 def test_autocast_adapter_unwraps_a_mixed_precision_weight():
