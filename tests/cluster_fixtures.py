@@ -93,6 +93,8 @@ def make_optimizer(name):
                                      global_clipnorm=1.0)
   if name == "legacy_sgd_momentum_decay":
     return tf_keras.optimizers.legacy.SGD(0.05, momentum=0.9, decay=0.01)
+  if name == "legacy_rmsprop":
+    return tf_keras.optimizers.legacy.RMSprop(0.01)
   if name == "legacy_rmsprop_clipnorm":
     return tf_keras.optimizers.legacy.RMSprop(0.01, clipnorm=0.5)
   if name == "legacy_adam_schedule":

@@ -21,7 +21,14 @@ from tests.support import run_in_fresh_process
     ("adagrad", False, 1),
     ("sgd_momentum", True, 1),
     # Five steps per closure: the row pushes run inside a traced loop.
-    ("sgd_momentum", False, 5)])
+    ("sgd_momentum", False, 5),
+    # A legacy optimizer's sparse rule (_resource_apply_sparse_duplicate_
+    # indices), with clipnorm, and on a partitioned table as in TF's PS
+    # tutorial (without clipnorm there: it clips each part of a partitioned
+    # table by its own norm, under any parameter-server strategy, where the
+    # unpartitioned reference clips the whole table).
+    ("legacy_rmsprop_clipnorm", False, 1),
+    ("legacy_rmsprop", True, 1)])
 def test_one_learner_async_embedding_model_equals_plain_keras(
     optimizer, partitioned, steps_per_execution):
   result = run_in_fresh_process(
