@@ -713,11 +713,16 @@ def kpl_train_and_load_and_serve(t, use_adapt, test_training_with_loaded):
   assert prediction1 in (b"yes", b"no"), prediction1
 
 
-# Not yet in CASES (so not in the table): under RudraStrategy, after this
-# case (it saves the trained model with a serving signature and loads it),
-# the chief's next tf.function (the staleness report's read of a shard)
-# blocks in TensorFlow's Context.add_c_function; stock passes it. Run it
-# with `run_cases(kind, names=KPL_TRAIN_AND_SERVE)` while that is open.
+# Not yet in CASES (so not in the table): after this case with
+# test_training_with_loaded=True (the preprocessing models saved and loaded
+# under the strategy's scope), the chief's next new tf.function that reads a
+# ps variable blocks in TensorFlow's Context.add_c_function, under stock
+# ParameterServerStrategy too (measured: a tf.function reading a fresh ps
+# variable, called after the case, never returns). Stock's run makes no such
+# function after it; RudraStrategy's staleness report does (its locked read
+# of a shard). test_training_with_loaded=False passes under RudraStrategy
+# (28 gradients for 4 x 7 steps). Run them with
+# `run_cases(kind, names=KPL_TRAIN_AND_SERVE)`.
 KPL_TRAIN_AND_SERVE = {
     f"kpl_train_and_load_and_serve[use_adapt={use_adapt},"
     f"test_training_with_loaded={loaded}]": (
