@@ -102,9 +102,7 @@ class RudraExtended(tf_hooks.ParameterServerExtended):
           "strategy.run runs on the chief, which is no learner); this "
           f"update was {getattr(fn, '__qualname__', fn)!r}.")
     if kind == "gradient":
-      step.add(optimizer, args[0], var)
-      if step.wrapper is None:
-        step.wrapper = strategy._implicit_wrapper(optimizer)  # pylint: disable=protected-access
+      step.add(strategy._implicit_wrapper(optimizer), args[0], var)  # pylint: disable=protected-access
     # kind == "weight_decay": applied with each update, on the shard.
     # As ParameterServerStrategy returns an update: ungrouped, one per
     # replica (legacy optimizers iterate over it).
@@ -125,8 +123,7 @@ class _StepGradients:
   _active = threading.local()
 
   def __init__(self):
-    self.optimizer = None
-    self.wrapper = None
+    self.wrapper = None  # the implicit wrapper of the step's optimizer
     self.grads_and_vars = []
 
   @classmethod
@@ -143,8 +140,8 @@ class _StepGradients:
     finally:
       stack.pop()
 
-  def add(self, optimizer, gradient, variable):
-    if self.optimizer is not None and self.optimizer is not optimizer:
+  def add(self, wrapper, gradient, variable):
+    if self.wrapper is not None and self.wrapper is not wrapper:
       raise ValueError(
           "Two optimizers applied gradients in one training step; "
           "RudraStrategy pushes one gradient per learner step. Use one "
@@ -155,7 +152,7 @@ class _StepGradients:
           f"Variable {variable.name} received two gradients in one training "
           "step (apply_gradients called twice); RudraStrategy pushes one "
           "gradient per learner step.")
-    self.optimizer = optimizer
+    self.wrapper = wrapper
     self.grads_and_vars.append((gradient, variable))
 
   def push(self):
@@ -526,14 +523,15 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   def _implicit_wrapper(self, optimizer):
     """The StalenessAwareOptimizer (lr_policy "none") that applies a plain
     tf_keras optimizer's gradients: made at its first push, kept with the
-    optimizer (whose slots and hyper-parameters it uses)."""
+    optimizer (whose slots and hyper-parameters it uses; the wrapper keeps
+    it alive, so its id stays its own)."""
     key = id(optimizer)
     if key not in self._implicit_wrappers:
       optimizer_lib = importlib.import_module("rudra_tf.optimizer")
       with tf.init_scope():
-        wrapper = optimizer_lib.StalenessAwareOptimizer(optimizer)
-      self._implicit_wrappers[key] = (optimizer, wrapper)
-    return self._implicit_wrappers[key][1]
+        self._implicit_wrappers[key] = optimizer_lib.StalenessAwareOptimizer(
+            optimizer)
+    return self._implicit_wrappers[key]
 
   def _pull(self):
     pulled = variables_lib.PulledWeights()

@@ -28,7 +28,7 @@ tf_keras
     `created_by_model_method`, `is_step_of`, `filter_empty_gradients`,
     `optimizer_hooks` (`KerasOptimizerHooks`, `LegacyOptimizerHooks`: build,
     clip, learning rate, weight decay, one update), `optimizer_of_update`,
-    `strategy_of_optimizer`, `unwrap_autocast`.
+    `unwrap_autocast`.
 Variables and data
     `CachingVariable`, `wrapped_variable`, `record_variable_read`,
     `sleep_transformation`.
@@ -453,11 +453,6 @@ def optimizer_of_update(update_fn):
   if "self" not in cells or optimizer_hooks(cells["self"].cell_contents) is None:
     return None, None
   return cells["self"].cell_contents, kind
-
-
-def strategy_of_optimizer(optimizer):
-  """The strategy whose scope the optimizer was created in."""
-  return getattr(optimizer, "_distribution_strategy", None)
 
 
 def unwrap_autocast(variable):

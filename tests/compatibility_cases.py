@@ -803,9 +803,10 @@ def run_cases(kind, names=None):
   strategy = make_strategy(kind, cluster.resolver)
   outcomes, gradients = {}, {}
   with tempfile.TemporaryDirectory() as temp_dir:
+    runnable = {**CASES, **KPL_TRAIN_AND_SERVE}
     for name in names or CASES:
       try:
-        {**CASES, **KPL_TRAIN_AND_SERVE}[name](_Base(strategy, temp_dir))
+        runnable[name](_Base(strategy, temp_dir))
         outcomes[name] = "pass"
       except Exception as error:  # pylint: disable=broad-except
         # The cause is at the end (autograph prefixes a traceback).
