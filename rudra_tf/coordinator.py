@@ -276,20 +276,21 @@ class RudraCoordinator(tf.distribute.experimental.coordinator.ClusterCoordinator
     return self._schedule_keyed(keyed, next(self._next_key), args, kwargs)
 
   def _watch_learner_failures(self):
-    """Releases a dead learner's hardsync tokens before TF re-runs its closure.
+    """Retires a dead learner's incarnation before TF re-runs its closure.
 
     TF calls `Worker._on_closure_failure` when a learner fails mid-closure,
-    then puts the closure back on the queue; the strategy first gives back
-    whatever barrier tokens that learner held, so the re-run can pull.
+    then puts the closure back on the queue. Before that, on the learner's
+    closure thread, the strategy gives the learner a new incarnation on the
+    chief and on every shard and gives back the barrier tokens it held, so
+    the re-run can pull. Done in line, not in a thread: the learner's next
+    closure carries its new incarnation, and a shard that had not heard of
+    it yet took that closure's pull and push for a dead incarnation's (a
+    hardsync CI run lost a gradient so, counted as a duplicate).
     """
     for worker in tf_hooks.cluster_workers(self):
 
       def on_closure_failure(closure, error, put_back, worker=worker):
-        # In its own thread: an RPC to a ps must never stall TF's failure
-        # handling; a re-run's pull simply waits for the released token.
-        release = self.strategy._learner_failed(worker.worker_index)  # pylint: disable=protected-access
-        threading.Thread(target=release, daemon=True,
-                         name="rudra-release-learner").start()
+        self.strategy._learner_failed(worker.worker_index)  # pylint: disable=protected-access
         put_back(closure, error)
       tf_hooks.wrap_closure_failure(worker, on_closure_failure)
 

@@ -558,14 +558,11 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
                                         tf.TensorSpec([], tf.int64))
 
   def _learner_failed(self, learner):
-    """Called by RudraCoordinator as TF re-queues a dead learner's closure.
-
-    Returns a function to run in a thread of its own (ps RPCs)."""
+    """A new incarnation for a learner that died, and its hardsync tokens
+    back (chief side, called by RudraCoordinator before TF re-queues the
+    learner's closure and before the learner gets another: each shard must
+    know the new incarnation by then, or it refuses that closure)."""
     self._incarnations[learner] += 1  # closures dispatched from now on
-    return lambda: self._release_learner(learner)
-
-  def _release_learner(self, learner):
-    """Gives back the hardsync tokens of a learner that died (chief side)."""
     if not self._protocol.barrier or self._shards is None:
       return
     for shard in self._shards:

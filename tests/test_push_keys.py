@@ -131,6 +131,7 @@ def _rerun_far_behind(protocol, closures, steps_per_closure, learning_rate):
   import threading  # pylint: disable=g-import-not-at-top
   os.environ["TF_PS_HANDLE_UNKNOWN_ERROR"] = "1"
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from rudra_tf import tf_hooks  # pylint: disable=g-import-not-at-top
   from tests import cluster_fixtures  # pylint: disable=g-import-not-at-top
   strategy, coordinator, w, replica_step = cluster_fixtures.counting_weight(
       protocol, learning_rate)
@@ -152,13 +153,27 @@ def _rerun_far_behind(protocol, closures, steps_per_closure, learning_rate):
 
   steps = tf.constant(steps_per_closure, tf.int64)
   coordinator.schedule(closure, args=(tf.constant(1, tf.int64), steps))
+  # What every shard and the chief hold as the learners' incarnations when
+  # TF puts the failed closure back (the failed learner's next closure is
+  # dispatched after that).
+  incarnations_at_put_back = []
+
+  def put_back_observed(put_back, closure):
+    incarnations_at_put_back.append(
+        [list(strategy._incarnations)] +  # pylint: disable=protected-access
+        [[int(i) for i in shard._incarnations.numpy()]  # pylint: disable=protected-access
+         for shard in strategy.build_shards()])
+    return put_back(closure)
+  tf_hooks.wrap_closure_queue(tf_hooks.closure_queue(coordinator),
+                              put_back=put_back_observed)
   for _ in range(closures - 1):
     coordinator.schedule(closure, args=(tf.constant(0, tf.int64), steps))
   all_queued.set()
   coordinator.join()
   from tests.cluster_fixtures import report_as_dict  # pylint: disable=g-import-not-at-top
   return {"w": float(np.asarray(w.read_value())), "failures": len(failures),
-          "report": report_as_dict(strategy)}
+          "report": report_as_dict(strategy),
+          "incarnations_at_put_back": incarnations_at_put_back}
 
 
 @pytest.mark.parametrize("protocol,closures,steps_per_closure", [
@@ -174,6 +189,15 @@ def test_a_closure_rerun_behind_a_thousand_others_is_refused(
       steps_per_closure=steps_per_closure, learning_rate=0.001)
   report = result["report"]
   assert result["failures"] == 1
+  if protocol == "hardsync":
+    # The failed learner has a new incarnation on the chief and on every
+    # shard before it can run another closure. A shard that heard of it
+    # later (the release ran in a thread of its own) took that closure for
+    # a dead incarnation's: a CI run lost its gradient (gradients 1,099,
+    # duplicates 2).
+    (chief, *shards), = result["incarnations_at_put_back"]
+    assert sorted(chief) == [0, 1]
+    assert all(shard == chief for shard in shards), (chief, shards)
   assert report["gradients"] == closures * steps_per_closure, report
   assert report["duplicates"] == steps_per_closure, report
   assert_invariants(report)
