@@ -715,13 +715,17 @@ def kpl_train_and_load_and_serve(t, use_adapt, test_training_with_loaded):
 
 # Not yet in CASES (so not in the table): after this case with
 # test_training_with_loaded=True (the preprocessing models saved and loaded
-# under the strategy's scope), the chief's next new tf.function that reads a
-# ps variable blocks in TensorFlow's Context.add_c_function, under stock
-# ParameterServerStrategy too (measured: a tf.function reading a fresh ps
-# variable, called after the case, never returns). Stock's run makes no such
-# function after it; RudraStrategy's staleness report does (its locked read
-# of a shard). test_training_with_loaded=False passes under RudraStrategy
-# (28 gradients for 4 x 7 steps). Run them with
+# under the strategy's scope), the chief's next function call to a ps can
+# block in TensorFlow. Measured: under stock ParameterServerStrategy a new
+# tf.function reading a ps variable, called after the case, never returns
+# (the four cases alone pass in one process, which then hangs at exit in
+# Context.remove_function); RudraStrategy's staleness report makes such a
+# call (a locked read of a shard) and blocked in Context.add_c_function.
+# With every locked section traced, and the read called once, when a shard
+# is built (tried, not kept), async passed all four cases in a row with 28
+# gradients each, but hardsync still blocked in the read's call (waiting on
+# the ps's instantiation of the function). test_training_with_loaded=False
+# passes under RudraStrategy (28 gradients for 4 x 7 steps). Run them with
 # `run_cases(kind, names=KPL_TRAIN_AND_SERVE)`.
 KPL_TRAIN_AND_SERVE = {
     f"kpl_train_and_load_and_serve[use_adapt={use_adapt},"
