@@ -376,7 +376,8 @@ class RudraCoordinator(tf.distribute.experimental.coordinator.ClusterCoordinator
     (TF logs it as it starts cancelling). It stays an OutOfRangeError
     (`LearnerDataExhaustedError`), so everything that catches that under
     TF's ParameterServerStrategy still does: tf_keras's fit takes it for the
-    end of the data (a warning; fit then fails with CancelledError, as on
+    end of the data (a warning; fit then fails with CancelledError, or the
+    closure's own OutOfRangeError when fit reads its logs, as on
     stock PSS), and so do custom loops.
     """
     def explained(mark_failed, error):

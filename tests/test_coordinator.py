@@ -39,8 +39,9 @@ def test_fit_evaluate_predict_with_every_input_kind():
 def test_a_learner_whose_data_runs_out_fails_as_on_stock_pss(protocol, runs):
   # The chief's error stays an OutOfRangeError, as on stock PSS, naming the
   # learner and the fix: tf_keras's fit takes it for the end of the data
-  # (a warning) and then fails with CancelledError, as it does on stock PSS
-  # (the stock run below); a custom loop's join raises it as it is.
+  # (a warning) and then fails with CancelledError (or OutOfRangeError), as
+  # it does on stock PSS (the stock run below); a custom loop's join raises
+  # it as it is.
   # Hardsync: TF cancels the other closures and waits for them; without
   # RudraCoordinator opening the barriers meanwhile, a pull waiting for a
   # round a cancelled closure left short hung (2 of 9 such runs side by
@@ -53,14 +54,19 @@ def test_a_learner_whose_data_runs_out_fails_as_on_stock_pss(protocol, runs):
         lambda _: run_in_fresh_process(exhausted_input,
                                        protocol=protocol, timeout=150),
         range(runs)))
-  assert stock.result()["fit_error"] == "CancelledError"
+  # Which of stock's two types fit raises depends on the closure whose logs
+  # fit reads last: cancelled (CancelledError) or itself out of data (the
+  # closure's own OutOfRangeError; a CI run saw it under hardsync). Client
+  # code catches both under stock PSS.
+  stock_errors = ("CancelledError", "OutOfRangeError")
+  assert stock.result()["fit_error"] in stock_errors
   explanation = ("The dataset of learner 0 ran out of data. Under "
                  "RudraStrategy, as under TensorFlow's "
                  "ParameterServerStrategy, a learner's dataset must not end: "
                  "end the dataset (or dataset function) with .repeat() and "
                  "give fit steps_per_epoch.")
   for result in results:
-    assert result["fit_error"] == "CancelledError"
+    assert result["fit_error"] in stock_errors
     assert result["logged_explanation"], "TF did not log the explanation"
     assert result["join_error"] == ["LearnerDataExhaustedError", True,
                                     explanation]
