@@ -7,10 +7,11 @@ dataset_creator_model_fit_test_base.py, dataset_creator_model_fit_test.py
 (both `use_dataset_creator` values), the two parameter-server cases of
 tf_keras/utils/dataset_creator_test.py, and tf_keras/integration_test/
 parameter_server_keras_preprocessing_test.py (a lookup layer made in a
-dataset function; its four training-and-serving combinations are ported
-but not yet run: see KPL_TRAIN_AND_SERVE). The port changes what a port must:
-absltest assertions become plain ones, tf_keras's private module paths
-become the public `tf_keras.*` names, and the cluster is made by the caller.
+dataset function; its four training-and-serving combinations run apart,
+each on a cluster of its own: see KPL_TRAIN_AND_SERVE). The port changes
+what a port must: absltest assertions become plain ones, tf_keras's
+private module paths become the public `tf_keras.*` names, and the cluster
+is made by the caller.
 The strategy line is the only other difference: each case receives the
 strategy, stock ParameterServerStrategy or RudraStrategy, and builds its
 model, optimizer (tf_keras's legacy SGD, made outside the scope, as the
@@ -20,11 +21,14 @@ originals do) and data exactly as the originals.
 originals use 3 and 2, or 2 and 1), runs
 every case on it, one after another (each case builds its own model; one
 RudraStrategy trains the newest), and returns each case's outcome: "pass",
-or the error's type and message. tests/test_compatibility.py runs it in
-fresh processes; `python -m benchmarks.compatibility` prints the table.
+or the error's type and message; `run_alone(kind, name)` runs one case of
+KPL_TRAIN_AND_SERVE on a cluster of its own. tests/test_compatibility.py
+runs them in fresh processes; `python -m benchmarks.compatibility` prints
+the table.
 """
 
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -713,20 +717,18 @@ def kpl_train_and_load_and_serve(t, use_adapt, test_training_with_loaded):
   assert prediction1 in (b"yes", b"no"), prediction1
 
 
-# Not yet in CASES (so not in the table): after this case with
-# test_training_with_loaded=True (the preprocessing models saved and loaded
-# under the strategy's scope), the chief's next function call to a ps can
-# block in TensorFlow. Measured: under stock ParameterServerStrategy a new
-# tf.function reading a ps variable, called after the case, never returns
-# (the four cases alone pass in one process, which then hangs at exit in
-# Context.remove_function); RudraStrategy's staleness report makes such a
-# call (a locked read of a shard) and blocked in Context.add_c_function.
-# With every locked section traced, and the read called once, when a shard
-# is built (tried, not kept), async passed all four cases in a row with 28
-# gradients each, but hardsync still blocked in the read's call (waiting on
-# the ps's instantiation of the function). test_training_with_loaded=False
-# passes under RudraStrategy (28 gradients for 4 x 7 steps). Run them with
-# `run_cases(kind, names=KPL_TRAIN_AND_SERVE)`.
+# Run apart, each on a cluster of its own (`run_alone`): releasing a case's
+# per-worker iterator (a generator dataset mapped through the preprocessing
+# models) can deadlock TensorFlow's in-process cluster, under stock
+# ParameterServerStrategy as under RudraStrategy. Measured (gdb, TF 2.21):
+# each worker's delete of the iterator runs the generator dataset's
+# finalize function synchronously (GeneratorDatasetOp::Iterator::~Iterator
+# -> ProcessFunctionLibraryRuntime::RunSync), which never returns, holding
+# the worker's RemoteMgr lock. The chief's next new function is registered
+# on every worker (EagerContext::MaybeRegisterFunctionRemotely, a blocking
+# Enqueue) and waits behind that delete forever: RudraStrategy's staleness
+# report after the case hung there, and stock hung in the case's own
+# return (AtomicFunction.__del__ -> Context.remove_function) or at exit.
 KPL_TRAIN_AND_SERVE = {
     f"kpl_train_and_load_and_serve[use_adapt={use_adapt},"
     f"test_training_with_loaded={loaded}]": (
@@ -770,15 +772,17 @@ def kpl_created_in_datasets_from_function(t):
 
 
 # ------------------------------------------------------------------ runner
-def make_strategy(kind, resolver):
+def make_strategy(kind, resolver, variable_partitioner=None):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if kind == "stock":
-    return tf.distribute.experimental.ParameterServerStrategy(resolver)
+    return tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=variable_partitioner)
   import rudra_tf  # pylint: disable=g-import-not-at-top
   protocols = {"rudra_async": "async", "rudra_hardsync": "hardsync"}
   if kind not in protocols:
     raise ValueError(f"kind {kind!r}: valid kinds are {STRATEGY_KINDS}")
-  return rudra_tf.RudraStrategy(resolver, protocol=protocols[kind])
+  return rudra_tf.RudraStrategy(resolver, protocol=protocols[kind],
+                                variable_partitioner=variable_partitioner)
 
 
 # The cases whose model trains 10 epochs of 10 steps: under RudraStrategy
@@ -795,6 +799,45 @@ TRAINED_100_STEPS = frozenset(
      f"[input_options={flag}]" for flag in (True, False)])
 
 
+def run_alone(kind, name):
+  """Case `name` of KPL_TRAIN_AND_SERVE on a cluster of its own.
+
+  As the case returns, this reads the staleness report and keeps the
+  case's locals (its per-worker iterator, its functions) alive, since
+  their release deadlocks (see KPL_TRAIN_AND_SERVE). Returns
+  {"outcome": ..., "gradients": ...} as one case of `run_cases`. Call it
+  with `run_in_fresh_process(..., exit_at_once=True)`: the process would
+  hang at exit, as stock's does.
+  """
+  import sys  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  cluster = rudra_tf.LocalCluster(num_ps=1, num_learners=2)
+  strategy = make_strategy(kind, cluster.resolver)
+  gradients, kept_alive = [], []
+  case_code = kpl_train_and_load_and_serve.__code__
+
+  def on_return(frame, event, unused_arg):
+    if event == "return" and frame.f_code is case_code:
+      # The frame itself, not f_locals (whose write-back at the hook's end
+      # can clear the case's closure cells): a frame that outlives its run
+      # keeps its locals.
+      kept_alive.append(frame)
+      if kind != "stock":
+        gradients.append(strategy.staleness_report().gradients)
+
+  temp_dir = tempfile.mkdtemp()
+  sys.setprofile(on_return)
+  try:
+    KPL_TRAIN_AND_SERVE[name](_Base(strategy, temp_dir))
+    outcome = "pass"
+  except Exception as error:  # pylint: disable=broad-except
+    outcome = f"{type(error).__name__}: {' '.join(str(error).split())[-300:]}"
+  finally:
+    sys.setprofile(None)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+  return {"outcome": outcome, "gradients": gradients[0] if gradients else None}
+
+
 def run_cases(kind, names=None):
   """Every case (or `names`) on one cluster under strategy `kind`.
 
@@ -807,10 +850,9 @@ def run_cases(kind, names=None):
   strategy = make_strategy(kind, cluster.resolver)
   outcomes, gradients = {}, {}
   with tempfile.TemporaryDirectory() as temp_dir:
-    runnable = {**CASES, **KPL_TRAIN_AND_SERVE}
     for name in names or CASES:
       try:
-        runnable[name](_Base(strategy, temp_dir))
+        CASES[name](_Base(strategy, temp_dir))
         outcomes[name] = "pass"
       except Exception as error:  # pylint: disable=broad-except
         # The cause is at the end (autograph prefixes a traceback).

@@ -3,6 +3,7 @@ per process, and a deadlock must fail a test, not hang the suite), and the
 invariants every shard's report must satisfy after any run."""
 
 import multiprocessing
+import os
 import traceback
 
 import numpy as np
@@ -11,17 +12,23 @@ import pytest
 DEFAULT_TIMEOUT_S = 300
 
 
-def _child(connection, fn, kwargs):
+def _child(connection, fn, kwargs, exit_at_once):
   try:
     connection.send((True, fn(**kwargs)))
   except BaseException:  # pylint: disable=broad-except
     connection.send((False, traceback.format_exc()))
   finally:
     connection.close()
+    if exit_at_once:
+      os._exit(0)  # pylint: disable=protected-access
 
 
-def run_in_fresh_process(fn, *, timeout=DEFAULT_TIMEOUT_S, **kwargs):
+def run_in_fresh_process(fn, *, timeout=DEFAULT_TIMEOUT_S, exit_at_once=False,
+                         **kwargs):
   """Calls `fn(**kwargs)` in a spawned process and returns its result.
+
+  exit_at_once: end the process as soon as the result is sent, skipping
+  Python's and TensorFlow's clean-up (for scenarios whose clean-up hangs).
 
   Raises:
     TimeoutError: the scenario did not finish (the process is killed).
@@ -29,7 +36,8 @@ def run_in_fresh_process(fn, *, timeout=DEFAULT_TIMEOUT_S, **kwargs):
   """
   context = multiprocessing.get_context("spawn")
   receiver, sender = context.Pipe(duplex=False)
-  process = context.Process(target=_child, args=(sender, fn, kwargs))
+  process = context.Process(target=_child,
+                            args=(sender, fn, kwargs, exit_at_once))
   process.start()
   sender.close()
   try:

@@ -1,26 +1,49 @@
 """Drop-in compatibility: tf_keras's own parameter-server tests
-(tests/compatibility_cases.py, ported with only the strategy line
-changed) run under stock ParameterServerStrategy and under RudraStrategy
-(async and hardsync), each on its own cluster in a fresh process.
+(tests/compatibility_cases.py and tests/sharded_variable_cases.py, ported
+with only the strategy line changed) run under stock
+ParameterServerStrategy and under RudraStrategy (async and hardsync), each
+on its own cluster in a fresh process.
 
 Every case must end under RudraStrategy as it ends under stock: pass where
 stock passes, and fail with the same error type where stock fails (the
 jit_compile=True cases: tf_keras cannot compile the PS train function on
-either). `python -m benchmarks.compatibility` prints the table.
+either), except the sharded-variable cases that train in an eager
+strategy.run on the chief, which RudraStrategy refuses with its own error.
+`python -m benchmarks.compatibility` prints the table.
 """
 
 import pytest
 
 from tests import compatibility_cases
+from tests import sharded_variable_cases
 from tests.support import run_in_fresh_process
 
 # A fresh cluster and ~45 fits of 10 epochs each, per strategy.
 RUN_TIMEOUT_S = 900
+# One train-and-serve case: 28 steps, a save and two loads.
+ALONE_TIMEOUT_S = 300
+RUDRA_KINDS = ["rudra_async", "rudra_hardsync"]
 
 
 @pytest.fixture(scope="module")
 def runs():
   return {kind: run_in_fresh_process(compatibility_cases.run_cases,
+                                     kind=kind, timeout=RUN_TIMEOUT_S)
+          for kind in compatibility_cases.STRATEGY_KINDS}
+
+
+@pytest.fixture(scope="module")
+def serving_runs():
+  return {kind: {name: run_in_fresh_process(
+      compatibility_cases.run_alone, kind=kind, name=name,
+      timeout=ALONE_TIMEOUT_S, exit_at_once=True)
+                 for name in compatibility_cases.KPL_TRAIN_AND_SERVE}
+          for kind in compatibility_cases.STRATEGY_KINDS}
+
+
+@pytest.fixture(scope="module")
+def sharded_outcomes():
+  return {kind: run_in_fresh_process(sharded_variable_cases.run_cases,
                                      kind=kind, timeout=RUN_TIMEOUT_S)
           for kind in compatibility_cases.STRATEGY_KINDS}
 
@@ -35,7 +58,7 @@ def _error_type(outcome):
 
 
 @pytest.mark.parametrize("name", list(compatibility_cases.CASES))
-@pytest.mark.parametrize("kind", ["rudra_async", "rudra_hardsync"])
+@pytest.mark.parametrize("kind", RUDRA_KINDS)
 def test_a_ported_case_ends_as_on_stock(outcomes, kind, name):
   stock, rudra = outcomes["stock"][name], outcomes[kind][name]
   if stock == "pass":
@@ -55,8 +78,40 @@ def test_only_the_jit_compile_cases_fail_on_stock(outcomes):
 
 
 @pytest.mark.parametrize("name", sorted(compatibility_cases.TRAINED_100_STEPS))
-@pytest.mark.parametrize("kind", ["rudra_async", "rudra_hardsync"])
+@pytest.mark.parametrize("kind", RUDRA_KINDS)
 def test_each_step_of_a_ported_fit_is_one_protocol_gradient(runs, kind, name):
   # 10 epochs x 10 steps: 100 gradients counted by the shards (the plain
   # legacy SGD of the original pushed through the protocol, not around it).
   assert runs[kind]["gradients"][name] == 100
+
+
+@pytest.mark.parametrize("name", list(compatibility_cases.KPL_TRAIN_AND_SERVE))
+def test_a_train_and_serve_case_passes_on_stock(serving_runs, name):
+  assert serving_runs["stock"][name]["outcome"] == "pass"
+
+
+@pytest.mark.parametrize("name", list(compatibility_cases.KPL_TRAIN_AND_SERVE))
+@pytest.mark.parametrize("kind", RUDRA_KINDS)
+def test_a_train_and_serve_case_passes_with_each_step_one_gradient(
+    serving_runs, kind, name):
+  # 4 rounds of 7 scheduled steps: 28 gradients counted by the shard.
+  assert serving_runs[kind][name] == {"outcome": "pass", "gradients": 28}
+
+
+def test_every_sharded_variable_case_passes_on_stock(sharded_outcomes):
+  failing = {name: outcome
+             for name, outcome in sharded_outcomes["stock"].items()
+             if outcome != "pass"}
+  assert not failing
+
+
+@pytest.mark.parametrize("name", list(sharded_variable_cases.CASES))
+@pytest.mark.parametrize("kind", RUDRA_KINDS)
+def test_a_sharded_variable_case_ends_as_on_stock_or_is_refused(
+    sharded_outcomes, kind, name):
+  outcome = sharded_outcomes[kind][name]
+  refusal = sharded_variable_cases.REFUSED_UNDER_RUDRA.get(name)
+  if refusal is None:
+    assert outcome == "pass", outcome
+  else:
+    assert outcome.startswith("ValueError:") and refusal in outcome, outcome
