@@ -11,11 +11,13 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     packages=["rudra_tf", "models", "launch"],
     python_requires=">=3.10",
-    # The strategy leans on a few private TensorFlow hooks (tested in
-    # tests/test_tf_hooks.py): keep both pinned to the tested release.
+    # The strategy leans on a few private TensorFlow, tf_keras and Keras 3
+    # hooks (tested in tests/test_tf_hooks.py): keep them pinned to the
+    # tested releases.
     install_requires=[
         "tensorflow==2.21.*",
         "tf-keras==2.21.*",
+        "keras==3.15.*",
         "tensorboard==2.21.*",
         "numpy",
         "absl-py",

@@ -10,8 +10,6 @@ from rudra_tf import strategy as strategy_lib
 from rudra_tf import tf_hooks
 from rudra_tf import variables as variables_lib
 
-_LearningRateSchedule = tf_keras.optimizers.schedules.LearningRateSchedule
-
 
 class _CallableList(list):
   """A list that is also callable: tf_keras code calls `variables()`."""
@@ -76,7 +74,16 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   optimizer variables). The SavedModel format, as in plain tf_keras,
   restores no optimizer state.
 
-  Limitations: `use_ema=True` is not supported.
+  Keras 3: the inner optimizer may be a Keras 3 one (`keras.optimizers.SGD`,
+  Adam, AdamW, ..., with a `keras.optimizers.schedules` schedule) for a
+  Keras 3 model trained in a hand-written loop over ClusterCoordinator; a
+  plain Keras 3 optimizer trains there too, as above. Its update rule is
+  its own `update_step`, applied on the shards with the rate and step
+  counter above (tf_hooks.Keras3OptimizerHooks). Keras 3's `model.fit`
+  under RudraStrategy is not supported yet.
+
+  Limitations: `use_ema=True`, and a Keras 3 optimizer's
+  `gradient_accumulation_steps`, are not supported.
   """
 
   def __init__(self, optimizer, lr_policy=protocol_lib.LR_NONE,
@@ -96,11 +103,17 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     if hooks is None:
       raise ValueError(
           "StalenessAwareOptimizer wraps a tf_keras optimizer such as "
-          "tf_keras.optimizers.SGD or Adam, or a legacy one such as "
-          f"tf_keras.optimizers.legacy.SGD; got {optimizer!r}.")
+          "tf_keras.optimizers.SGD or Adam, a legacy one such as "
+          "tf_keras.optimizers.legacy.SGD, or (in loops over "
+          "ClusterCoordinator) a Keras 3 one such as keras.optimizers.SGD; "
+          f"got {optimizer!r}.")
     if hooks.uses_ema():
       raise ValueError("StalenessAwareOptimizer does not support an inner "
                        "optimizer with use_ema=True.")
+    unsupported = hooks.unsupported()
+    if unsupported:
+      raise ValueError(
+          f"StalenessAwareOptimizer does not support {unsupported}.")
     policy = protocol_lib.LearningRatePolicy.create(lr_policy,
                                                     strategy.protocol)
     super().__init__(name=name, jit_compile=False)
@@ -229,7 +242,10 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
           "RudraStrategy training step (model.fit, or strategy.run inside "
           "ClusterCoordinator.schedule), where the weights were pulled; an "
           "eager strategy.run runs on the chief, which is no learner.")
-    grads_and_vars = tf_hooks.filter_empty_gradients(list(grads_and_vars))
+    # A Keras 3 model's variables wrap the strategy's tf.Variables.
+    grads_and_vars = tf_hooks.filter_empty_gradients(
+        [(gradient, tf_hooks.unwrap_keras3_variable(variable))
+         for gradient, variable in grads_and_vars])
     if not grads_and_vars:
       return self.iterations
     grads, trainable_variables = zip(*grads_and_vars)
@@ -248,10 +264,8 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     """One update on one shard at `timestamp` (the shard clock's value
     before the update); run inside the shard's lock, except on the async
     fast path (`consistent_pulls=False`)."""
-    base = self._hooks.base_learning_rate()
-    if isinstance(base, _LearningRateSchedule):
-      base = base(timestamp)
-    learning_rate = tf.convert_to_tensor(base) * self._policy.multiplier
+    learning_rate = (self._hooks.learning_rate_at(timestamp) *
+                     self._policy.multiplier)
     for _, variable in mean_grads_and_vars:
       decay = self._hooks.weight_decay(variable)
       if decay:

@@ -1,9 +1,9 @@
-"""Every private TensorFlow and tf_keras hook rudra_tf uses, by name.
+"""Every private TensorFlow, tf_keras and Keras 3 hook rudra_tf uses, by name.
 
-tensorflow and tf-keras are pinned to 2.21.* (setup.py) because rudra_tf
-reaches past their public APIs here, and nowhere else: no other module
-imports `tensorflow.python` or `tf_keras.src`, or touches a private
-attribute of theirs. An upgrade is this one file to read, and
+tensorflow and tf-keras are pinned to 2.21.*, keras to 3.15.* (setup.py),
+because rudra_tf reaches past their public APIs here, and nowhere else: no
+other module imports `tensorflow.python`, `tf_keras.src` or `keras.src`, or
+touches a private attribute of theirs. An upgrade is this one file to read, and
 tests/test_tf_hooks.py, which pins each adapter against the installed
 releases, fails first and names which.
 
@@ -29,6 +29,10 @@ tf_keras
     `optimizer_hooks` (`KerasOptimizerHooks`, `LegacyOptimizerHooks`: build,
     clip, learning rate, weight decay, one update), `optimizer_of_update`,
     `unwrap_autocast`.
+Keras 3 (keras 3.15.*, imported only where the user imported it)
+    `Keras3OptimizerHooks` (the same surface, over `update_step` and
+    `_clip_gradients`), `is_keras3_optimizer`, `unwrap_keras3_variable`,
+    and TFOptimizer's update functions in `optimizer_of_update`.
 Variables and data
     `CachingVariable`, `wrapped_variable`, `record_variable_read`,
     `sleep_transformation`.
@@ -298,14 +302,37 @@ def filter_empty_gradients(grads_and_vars):
 
 def optimizer_hooks(optimizer):
   """The private update path of a tf_keras optimizer, new or legacy
-  (`KerasOptimizerHooks`, `LegacyOptimizerHooks`), or None for anything
-  else."""
+  (`KerasOptimizerHooks`, `LegacyOptimizerHooks`), or of a Keras 3 one
+  (`Keras3OptimizerHooks`); None for anything else."""
   import tf_keras  # pylint: disable=g-import-not-at-top
   if isinstance(optimizer, tf_keras.optimizers.Optimizer):
     return KerasOptimizerHooks(optimizer)
   if isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
     return LegacyOptimizerHooks(optimizer)
+  if is_keras3_optimizer(optimizer):
+    return Keras3OptimizerHooks(optimizer)
   return None
+
+
+def _keras3():
+  """Keras 3 if this process imported it (a Keras 3 object can only come
+  from there; rudra_tf does not import it for tf_keras users)."""
+  return sys.modules.get("keras")
+
+
+def is_keras3_optimizer(optimizer):
+  keras = _keras3()
+  return (keras is not None and hasattr(keras, "optimizers") and
+          isinstance(optimizer, keras.optimizers.Optimizer))
+
+
+def unwrap_keras3_variable(variable):
+  """The tf.Variable (the strategy's) inside a Keras 3 Variable; any other
+  variable as it is."""
+  keras = _keras3()
+  if keras is not None and isinstance(variable, keras.Variable):
+    return variable.value
+  return variable
 
 
 class KerasOptimizerHooks:
@@ -326,6 +353,10 @@ class KerasOptimizerHooks:
   def uses_ema(self):
     return bool(self._optimizer.use_ema)
 
+  def unsupported(self):
+    """What the wrapper cannot apply on a shard, or None."""
+    return None
+
   def clip(self, gradients, variables):
     """The optimizer's clipnorm / clipvalue / global_clipnorm."""
     del variables
@@ -334,6 +365,10 @@ class KerasOptimizerHooks:
   def base_learning_rate(self):
     """A variable, or a LearningRateSchedule."""
     return self._optimizer._learning_rate
+
+  def learning_rate_at(self, step):
+    """The (scheduled) learning rate at update `step`, a tensor."""
+    return _scheduled(self.base_learning_rate(), step)
 
   def weight_decay(self, variable):
     """The decoupled weight decay for `variable`, or None."""
@@ -370,6 +405,9 @@ class LegacyOptimizerHooks:
   def uses_ema(self):
     return False
 
+  def unsupported(self):
+    return None
+
   def clip(self, gradients, variables):
     pairs = self._optimizer._transform_gradients(
         list(zip(gradients, variables)))
@@ -382,6 +420,9 @@ class LegacyOptimizerHooks:
     if callable(rate) and not isinstance(rate, (schedule, tf.Variable)):
       rate = rate()
     return rate
+
+  def learning_rate_at(self, step):
+    return _scheduled(self.base_learning_rate(), step)
 
   def weight_decay(self, variable):
     del variable
@@ -409,6 +450,53 @@ class LegacyOptimizerHooks:
     return {"apply_state": apply_state} if "apply_state" in accepted else {}
 
 
+class Keras3OptimizerHooks(KerasOptimizerHooks):
+  """keras.optimizers.Optimizer (Keras 3, TensorFlow backend): the same
+  surface as `KerasOptimizerHooks` (whose variables, use_ema, rate and
+  weight decay attributes Keras 3 shares). Its update rule is
+  `update_step` (TFOptimizer applies it through `extended.update`, as
+  tf_keras does); its slots are keyed by the tf.Variable inside each Keras
+  Variable (`TFOptimizer._var_key`), so a shard's update finds them from
+  the strategy's variable. Pinned to keras 3.15.*."""
+
+  def build(self, var_list):
+    if not self._optimizer.built:
+      self._optimizer.build(list(var_list))
+
+  def unsupported(self):
+    """What the wrapper cannot apply on a shard, or None."""
+    if self._optimizer.gradient_accumulation_steps:
+      return ("gradient_accumulation_steps (each learner step pushes one "
+              "gradient; raise the minibatch or the protocol's c instead)")
+    return None
+
+  def clip(self, gradients, variables):
+    del variables
+    return self._optimizer._clip_gradients(list(gradients))
+
+  def learning_rate_at(self, step):
+    keras = _keras3()
+    rate = self.base_learning_rate()
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+      return tf.convert_to_tensor(rate(step))
+    if callable(rate) and not isinstance(rate, keras.Variable):
+      return tf.convert_to_tensor(rate())
+    return tf.convert_to_tensor(rate)
+
+  def apply(self, grads_and_vars, learning_rate, step):
+    with _attributes_set_to(self._optimizer, _iterations=step):
+      for gradient, variable in grads_and_vars:
+        self._optimizer.update_step(gradient, variable, learning_rate)
+
+
+def _scheduled(rate, step):
+  """tf_keras: a variable's value, or a schedule's at `step`."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
+    rate = rate(step)
+  return tf.convert_to_tensor(rate)
+
+
 @contextlib.contextmanager
 def _attributes_set_to(optimizer, **values):
   """While tracing: the optimizer's attributes `values`, with no Trackable
@@ -430,10 +518,15 @@ _UPDATE_FUNCTIONS = (
     "Optimizer._distributed_apply_gradients_fn.<locals>."
     "apply_grad_to_update_var",
     "OptimizerV2._distributed_apply.<locals>.apply_grad_to_update_var",
+    # Keras 3 (keras/src/backend/tensorflow/optimizer.py).
+    "TFOptimizer._distributed_tf_update_step.<locals>."
+    "apply_grad_to_update_var",
 )
 _WEIGHT_DECAY_FUNCTIONS = (
     "Optimizer._apply_weight_decay.<locals>.distributed_apply_weight_decay."
     "<locals>.weight_decay_fn",
+    "TFOptimizer._apply_weight_decay.<locals>."
+    "distributed_apply_weight_decay.<locals>.weight_decay_fn",
 )
 
 

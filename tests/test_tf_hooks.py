@@ -484,9 +484,9 @@ def test_legacy_optimizer_adapters_on_a_real_legacy_sgd():
   assert "self.iterations" in source and '_get_hyper("learning_rate"' in source
 
 
-def test_the_update_functions_of_tf_keras_optimizers_are_recognized(
-    monkeypatch):
-  # What a plain optimizer hands RudraExtended._update, for each kind.
+def _update_functions_seen(monkeypatch, apply):
+  """What `apply()` hands RudraExtended._update, as optimizer_of_update
+  reads it."""
   seen = []
   extended = tf.distribute.get_strategy().extended
   original = extended._update
@@ -496,14 +496,77 @@ def test_the_update_functions_of_tf_keras_optimizers_are_recognized(
     return original(var, fn, args, kwargs, group)
 
   monkeypatch.setattr(extended, "_update", recording_update)
+  apply()
+  return seen
+
+
+def test_the_update_functions_of_tf_keras_optimizers_are_recognized(
+    monkeypatch):
+  # What a plain optimizer hands RudraExtended._update, for each kind.
   variable = tf.Variable([1.0])
   new = tf_keras.optimizers.SGD(0.1, weight_decay=0.01)
   legacy = tf_keras.optimizers.legacy.SGD(0.1)
-  new.apply_gradients([(tf.constant([1.0]), variable)])
-  legacy.apply_gradients([(tf.constant([1.0]), variable)])
+
+  def apply():
+    new.apply_gradients([(tf.constant([1.0]), variable)])
+    legacy.apply_gradients([(tf.constant([1.0]), variable)])
+
+  seen = _update_functions_seen(monkeypatch, apply)
   assert (new, "weight_decay") in seen and (new, "gradient") in seen
   assert (legacy, "gradient") in seen
   assert tf_hooks.optimizer_of_update(lambda v, g: None) == (None, None)
+
+
+def test_the_update_functions_of_keras3_optimizers_are_recognized(
+    monkeypatch):
+  import keras  # pylint: disable=g-import-not-at-top
+  variable = keras.Variable([1.0])
+  adamw = keras.optimizers.AdamW(0.1, weight_decay=0.01)
+  seen = _update_functions_seen(
+      monkeypatch,
+      lambda: adamw.apply_gradients([(tf.constant([1.0]), variable)]))
+  assert (adamw, "weight_decay") in seen and (adamw, "gradient") in seen
+
+
+def test_keras3_is_the_pinned_release():
+  import keras  # pylint: disable=g-import-not-at-top
+  assert keras.__version__.startswith("3.15."), keras.__version__
+
+
+def test_keras3_optimizer_adapters_on_a_real_sgd():
+  # Keras 3 SGD, momentum 0.5, clipnorm 1. One update at step 3 with rate
+  # 0.2 on a Keras 3 Variable's tf.Variable (as a shard applies it): the
+  # gradient [3, 4] is clipped to [0.6, 0.8]; momentum starts at 0:
+  # m = -0.2·g, w = 1 + m = [0.88, 0.84].
+  import keras  # pylint: disable=g-import-not-at-top
+  sgd = keras.optimizers.SGD(0.1, momentum=0.5, clipnorm=1.0)
+  hooks = tf_hooks.optimizer_hooks(sgd)
+  assert not hooks.is_legacy and hooks.unsupported() is None
+  variable = keras.Variable([1.0, 1.0])
+  hooks.build([variable])
+  assert float(hooks.learning_rate_at(tf.constant(3, tf.int64))) == (
+      pytest.approx(0.1))
+  clipped, = hooks.clip([tf.constant([3.0, 4.0])], [variable])
+  assert clipped.numpy() == pytest.approx([0.6, 0.8])
+  strategy_variable = tf_hooks.unwrap_keras3_variable(variable)
+  assert isinstance(strategy_variable, tf.Variable)
+  hooks.apply([(clipped, strategy_variable)], tf.constant(0.2),
+              tf.constant(3, tf.int64))
+  assert variable.numpy() == pytest.approx([0.88, 0.84])
+  assert int(sgd.iterations) == 0  # the swap leaves the real counter alone
+  assert len(hooks.variables()) == len(sgd.variables)
+  # A schedule at the shard's step; AdamW's decoupled decay per variable.
+  scheduled = keras.optimizers.SGD(
+      keras.optimizers.schedules.ExponentialDecay(0.1, 2, 0.5))
+  assert float(tf_hooks.optimizer_hooks(scheduled).learning_rate_at(
+      tf.constant(4, tf.int64))) == pytest.approx(0.025)
+  adamw = keras.optimizers.AdamW(0.1, weight_decay=0.1)
+  adamw.build([variable])
+  assert tf_hooks.optimizer_hooks(adamw).weight_decay(variable) == (
+      pytest.approx(0.1))
+  accumulating = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+  assert "gradient_accumulation_steps" in (
+      tf_hooks.optimizer_hooks(accumulating).unsupported())
 
 
 def test_autocast_adapter_unwraps_a_mixed_precision_weight():
