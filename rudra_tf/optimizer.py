@@ -235,6 +235,13 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
                       skip_gradients_aggregation=False, **kwargs):
     """Pushes this learner's gradients with the timestamps of its pull."""
     del name, skip_gradients_aggregation, kwargs
+    grads_and_vars = list(grads_and_vars)
+    refuse_mixed_kerases(self._optimizer, [v for _, v in grads_and_vars])
+    return self._push(grads_and_vars)
+
+  def _push(self, grads_and_vars):
+    """apply_gradients for gradients already checked (the implicit
+    wrapper's: a plain optimizer's, gathered by the strategy)."""
     pulled = variables_lib.current_pull()
     if pulled is None:
       raise ValueError(
@@ -308,3 +315,23 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
           "the saved state.", type(inner).__name__)
       return inner
     return cls(inner, **config)
+
+
+def refuse_mixed_kerases(optimizer, variables):
+  """Raises ValueError if a tf_keras optimizer would train a Keras 3
+  model's variables, or a Keras 3 optimizer a tf_keras model's."""
+  keras3_optimizer = tf_hooks.is_keras3_optimizer(optimizer)
+  for variable in variables:
+    if tf_hooks.is_keras3_variable(variable) == keras3_optimizer:
+      continue
+    name = type(optimizer).__name__
+    if keras3_optimizer:
+      raise ValueError(
+          f"A Keras 3 optimizer (keras.optimizers.{name}) cannot train the "
+          f"tf_keras model variable {variable.name!r}: use "
+          f"tf_keras.optimizers.{name} with a tf_keras model, or build the "
+          "model with Keras 3 (import keras).")
+    raise ValueError(
+        f"A tf_keras optimizer ({name}) cannot train the Keras 3 model "
+        f"variable {variable.path!r}: use keras.optimizers.{name} with a "
+        "Keras 3 model, or build the model with tf_keras.")

@@ -102,6 +102,11 @@ class RudraExtended(tf_hooks.ParameterServerExtended):
           "strategy.run runs on the chief, which is no learner); this "
           f"update was {getattr(fn, '__qualname__', fn)!r}.")
     if kind == "gradient":
+      if tf_hooks.is_keras3_optimizer(optimizer):
+        # Its update hands over the tf.Variable; it was built on what the
+        # user passed.
+        importlib.import_module("rudra_tf.optimizer").refuse_mixed_kerases(
+            optimizer, tf_hooks.keras3_optimizer_built_on(optimizer))
       step.add(strategy._implicit_wrapper(optimizer), args[0], var)  # pylint: disable=protected-access
     # kind == "weight_decay": applied with each update, on the shard.
     # As ParameterServerStrategy returns an update: ungrouped, one per
@@ -158,7 +163,7 @@ class _StepGradients:
   def push(self):
     """Pushes the gathered gradients (graph code, in the learner step)."""
     if self.grads_and_vars:
-      self.wrapper.apply_gradients(self.grads_and_vars)
+      self.wrapper._push(self.grads_and_vars)  # pylint: disable=protected-access
 
 
 class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):

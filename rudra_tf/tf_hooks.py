@@ -326,13 +326,21 @@ def is_keras3_optimizer(optimizer):
           isinstance(optimizer, keras.optimizers.Optimizer))
 
 
+def is_keras3_variable(variable):
+  keras = _keras3()
+  return (keras is not None and hasattr(keras, "Variable") and
+          isinstance(variable, keras.Variable))
+
+
+def keras3_optimizer_built_on(optimizer):
+  """The variables a Keras 3 optimizer was built on, as it was given them."""
+  return list(getattr(optimizer, "_trainable_variables", None) or ())
+
+
 def unwrap_keras3_variable(variable):
   """The tf.Variable (the strategy's) inside a Keras 3 Variable; any other
   variable as it is."""
-  keras = _keras3()
-  if keras is not None and isinstance(variable, keras.Variable):
-    return variable.value
-  return variable
+  return variable.value if is_keras3_variable(variable) else variable
 
 
 class KerasOptimizerHooks:

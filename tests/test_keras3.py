@@ -164,3 +164,67 @@ def test_hardsync_equals_sgd_with_batch_mu_lambda_keras3():
   for rudra, plain in zip(result["trained"], result["plain"]):
     np.testing.assert_allclose(rudra, plain, rtol=1e-5, atol=1e-7)
   assert not np.allclose(result["plain"][0], result["initial"][0], atol=1e-3)
+
+
+def mixing_the_two_kerases():
+  """Each mix in a scheduled step; returns each error (None if none) and
+  the gradients the shards counted."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+  cluster = rudra_tf.LocalCluster(num_ps=1, num_learners=1)
+  strategy = rudra_tf.RudraStrategy(cluster.resolver, protocol="async")
+  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+      strategy)
+  mixes = {
+      "tf_keras_wrapped_on_keras3": (
+          lambda: _make_model(),
+          lambda: rudra_tf.StalenessAwareOptimizer(
+              tf_keras.optimizers.SGD(0.1))),
+      "keras3_wrapped_on_tf_keras": (
+          lambda: tf_keras.Sequential([tf_keras.Input((4,)),
+                                       tf_keras.layers.Dense(2)]),
+          lambda: rudra_tf.StalenessAwareOptimizer(keras.optimizers.SGD(0.1))),
+      "keras3_plain_on_tf_keras": (
+          lambda: tf_keras.Sequential([tf_keras.Input((4,)),
+                                       tf_keras.layers.Dense(2)]),
+          lambda: keras.optimizers.SGD(0.1)),
+  }
+  errors = {}
+  for name, (make_model, make_optimizer) in mixes.items():
+    with strategy.scope():
+      model, optimizer = make_model(), make_optimizer()
+
+    @tf.function
+    def train_step(model=model, optimizer=optimizer):
+      def replica_fn():
+        with tf.GradientTape() as tape:
+          loss = tf.reduce_sum(model(tf.ones((1, 4))))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+      strategy.run(replica_fn)
+
+    try:
+      coordinator.schedule(train_step)
+      coordinator.join()
+      errors[name] = None
+    except Exception as error:  # pylint: disable=broad-except
+      errors[name] = str(error)
+  return {"errors": errors,
+          "gradients": strategy.staleness_report().gradients}
+
+
+def test_mixing_tf_keras_and_keras3_is_refused_naming_both_and_the_fix():
+  result = run_in_fresh_process(mixing_the_two_kerases)
+  errors = result["errors"]
+  assert "A tf_keras optimizer (SGD) cannot train the Keras 3 model" in (
+      errors["tf_keras_wrapped_on_keras3"])
+  assert "use keras.optimizers.SGD with a Keras 3 model" in (
+      errors["tf_keras_wrapped_on_keras3"])
+  for name in ("keras3_wrapped_on_tf_keras", "keras3_plain_on_tf_keras"):
+    assert "A Keras 3 optimizer (keras.optimizers.SGD) cannot train the " \
+        "tf_keras model variable" in errors[name], errors[name]
+    assert "use tf_keras.optimizers.SGD with a tf_keras model" in (
+        errors[name])
+  assert result["gradients"] == 0  # refused before any push

@@ -181,7 +181,9 @@ def test_misuse_inside_a_live_strategy_gets_clear_errors():
   expected = {
       "wraps_itself": "cannot wrap another",
       "not_an_optimizer": "wraps a tf_keras optimizer such as "
-                          "tf_keras.optimizers.SGD or Adam, or a legacy one",
+                          "tf_keras.optimizers.SGD or Adam, a legacy one such "
+                          "as tf_keras.optimizers.legacy.SGD, or (in loops "
+                          "over ClusterCoordinator) a Keras 3 one",
       "bad_lr_policy": "'divide_by_two'",
       "two_optimizers_in_a_step": "Two optimizers applied gradients in one "
                                   "training step",
