@@ -16,7 +16,10 @@ States of `EpochProgress` (one thread per epoch):
     idle --start()--> printing --stop()--> idle
                         |  every every_s: read the counters, print a line
                         |  (a read that fails, e.g. a ps being restarted,
-                        |   prints nothing that time)
+                        |   prints nothing that time; while no gradient has
+                        |   arrived, only the first tick prints: the first
+                        |   step traces the training function, which can
+                        |   take several ticks)
 """
 
 import threading
@@ -69,6 +72,7 @@ class EpochProgress:
 
     def print_until_stopped():
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      printed_nothing_counted = False
       while not stop.wait(self._every_s):
         try:
           counted = self._read_report().since(start_report)
@@ -76,6 +80,10 @@ class EpochProgress:
           continue  # a ps being restarted: the next tick may read it
         if stop.is_set():
           return
+        if not counted["gradients"]:
+          if printed_nothing_counted:
+            continue  # the same "step 0" line again says nothing new
+          printed_nothing_counted = True
         self._out(progress_line(
             epoch, epochs, counted["gradients"], steps,
             time.monotonic() - began, counted["updates"], minibatch,

@@ -73,6 +73,32 @@ def test_epoch_progress_prints_until_stopped_and_skips_failed_reads():
   assert len(lines) == printed  # the thread has ended: nothing more
 
 
+def test_epoch_progress_prints_the_step_0_line_once():
+  # The first step traces the training function: several ticks may pass
+  # before any gradient. One "step 0" line says the epoch began; the next
+  # line is the first with gradients.
+  reads, lines = [], []
+  done = threading.Event()
+
+  def read_report():
+    reads.append(None)
+    return _Counts(100 if len(reads) <= 4 else 112)
+
+  def out(line):
+    lines.append(line)
+    if len(lines) == 2:
+      done.set()
+  printer = progress.EpochProgress(read_report, every_s=0.01, out=out)
+  printer.start(epoch=1, epochs=1, steps=50, minibatch=4,
+                start_report=_Counts(100))
+  assert done.wait(60), lines
+  printer.stop()
+  assert len(reads) >= 5
+  assert lines[0].startswith("epoch 1/1 step 0/50 | ")
+  assert lines[0].endswith("? s left")
+  assert lines[1].startswith("epoch 1/1 step 12/50 | ")
+
+
 def test_epoch_progress_off_and_bad_interval():
   printer = progress.EpochProgress(lambda: pytest.fail("read"), every_s=0)
   printer.start(1, 1, 10, 8, _Counts(0))  # 0: no thread, no read
