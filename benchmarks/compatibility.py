@@ -21,33 +21,10 @@ from absl import flags
 
 from tests import compatibility_cases
 from tests import sharded_variable_cases
-from tests.support import run_in_fresh_process
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", None, "Also write the table and the outcomes "
                     "here.")
-
-RUN_TIMEOUT_S = 900
-ALONE_TIMEOUT_S = 300
-
-
-def run_all(kind):
-  """Every ported case under strategy `kind`: {"outcomes", "gradients"},
-  each {case: ...}, in the table's order."""
-  run = run_in_fresh_process(compatibility_cases.run_cases, kind=kind,
-                             timeout=RUN_TIMEOUT_S)
-  for name in compatibility_cases.KPL_TRAIN_AND_SERVE:
-    alone = run_in_fresh_process(compatibility_cases.run_alone, kind=kind,
-                                 name=name, timeout=ALONE_TIMEOUT_S,
-                                 exit_at_once=True)
-    run["outcomes"][name] = alone["outcome"]
-    run["gradients"][name] = alone["gradients"]
-  sharded = run_in_fresh_process(sharded_variable_cases.run_cases, kind=kind,
-                                 timeout=RUN_TIMEOUT_S)
-  for name, outcome in sharded.items():
-    run["outcomes"][name] = outcome
-    run["gradients"][name] = None
-  return run
 
 
 def cell(outcome, gradients=None):
@@ -86,7 +63,8 @@ def table(runs):
 
 def main(argv):
   del argv
-  runs = {kind: run_all(kind) for kind in compatibility_cases.STRATEGY_KINDS}
+  runs = {kind: compatibility_cases.run_all(kind)
+          for kind in compatibility_cases.STRATEGY_KINDS}
   text = table(runs)
   print(text)
   if FLAGS.out_dir:

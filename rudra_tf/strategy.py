@@ -102,11 +102,6 @@ class RudraExtended(tf_hooks.ParameterServerExtended):
           "strategy.run runs on the chief, which is no learner); this "
           f"update was {getattr(fn, '__qualname__', fn)!r}.")
     if kind == "gradient":
-      if tf_hooks.is_keras3_optimizer(optimizer):
-        # Its update hands over the tf.Variable; it was built on what the
-        # user passed.
-        importlib.import_module("rudra_tf.optimizer").refuse_mixed_kerases(
-            optimizer, tf_hooks.keras3_optimizer_built_on(optimizer))
       step.add(strategy._implicit_wrapper(optimizer), args[0], var)  # pylint: disable=protected-access
     # kind == "weight_decay": applied with each update, on the shard.
     # As ParameterServerStrategy returns an update: ungrouped, one per
@@ -527,12 +522,17 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
 
   def _implicit_wrapper(self, optimizer):
     """The StalenessAwareOptimizer (lr_policy "none") that applies a plain
-    tf_keras optimizer's gradients: made at its first push, kept with the
-    optimizer (whose slots and hyper-parameters it uses; the wrapper keeps
-    it alive, so its id stays its own)."""
+    tf_keras or Keras 3 optimizer's gradients: made at its first push, kept
+    with the optimizer (whose slots and hyper-parameters it uses; the
+    wrapper keeps it alive, so its id stays its own)."""
     key = id(optimizer)
     if key not in self._implicit_wrappers:
       optimizer_lib = importlib.import_module("rudra_tf.optimizer")
+      if tf_hooks.is_keras3_optimizer(optimizer):
+        # Its updates hand over tf.Variables; it was built on what the user
+        # passed (a tf_keras optimizer fails on Keras 3 variables itself).
+        optimizer_lib.refuse_mixed_kerases(
+            optimizer, tf_hooks.keras3_optimizer_built_on(optimizer))
       with tf.init_scope():
         self._implicit_wrappers[key] = optimizer_lib.StalenessAwareOptimizer(
             optimizer)

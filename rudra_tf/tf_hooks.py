@@ -343,14 +343,32 @@ def unwrap_keras3_variable(variable):
   return variable.value if is_keras3_variable(variable) else variable
 
 
-class KerasOptimizerHooks:
+class _OptimizerHooks:
+  """What every adapter shares: the optimizer, nothing it refuses, and the
+  rate at a shard's step from `base_learning_rate` (a tf_keras schedule's
+  value there)."""
+
+  def __init__(self, optimizer):
+    self._optimizer = optimizer
+
+  def unsupported(self):
+    """What the wrapper cannot apply on a shard, or None."""
+    return None
+
+  def learning_rate_at(self, step):
+    """The (scheduled) learning rate at update `step`, a tensor."""
+    import tf_keras  # pylint: disable=g-import-not-at-top
+    rate = self.base_learning_rate()
+    if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
+      rate = rate(step)
+    return tf.convert_to_tensor(rate)
+
+
+class KerasOptimizerHooks(_OptimizerHooks):
   """tf_keras.optimizers.Optimizer (SGD, Adam, ...): what the wrapper uses
   to build it, clip, and apply one update on a shard."""
 
   is_legacy = False
-
-  def __init__(self, optimizer):
-    self._optimizer = optimizer
 
   def build(self, var_list):
     self._optimizer.build(var_list)
@@ -361,10 +379,6 @@ class KerasOptimizerHooks:
   def uses_ema(self):
     return bool(self._optimizer.use_ema)
 
-  def unsupported(self):
-    """What the wrapper cannot apply on a shard, or None."""
-    return None
-
   def clip(self, gradients, variables):
     """The optimizer's clipnorm / clipvalue / global_clipnorm."""
     del variables
@@ -373,10 +387,6 @@ class KerasOptimizerHooks:
   def base_learning_rate(self):
     """A variable, or a LearningRateSchedule."""
     return self._optimizer._learning_rate
-
-  def learning_rate_at(self, step):
-    """The (scheduled) learning rate at update `step`, a tensor."""
-    return _scheduled(self.base_learning_rate(), step)
 
   def weight_decay(self, variable):
     """The decoupled weight decay for `variable`, or None."""
@@ -394,15 +404,12 @@ class KerasOptimizerHooks:
         self._optimizer._update_step(gradient, variable)
 
 
-class LegacyOptimizerHooks:
+class LegacyOptimizerHooks(_OptimizerHooks):
   """tf_keras.optimizers.legacy.* (OptimizerV2): the same surface as
   `KerasOptimizerHooks`, over its hyper-parameter dict, `_prepare` and
   `_resource_apply_*` (its `decay` then counts the shard's updates)."""
 
   is_legacy = True
-
-  def __init__(self, optimizer):
-    self._optimizer = optimizer
 
   def build(self, var_list):
     self._optimizer._create_all_weights(var_list)
@@ -412,9 +419,6 @@ class LegacyOptimizerHooks:
 
   def uses_ema(self):
     return False
-
-  def unsupported(self):
-    return None
 
   def clip(self, gradients, variables):
     pairs = self._optimizer._transform_gradients(
@@ -428,9 +432,6 @@ class LegacyOptimizerHooks:
     if callable(rate) and not isinstance(rate, (schedule, tf.Variable)):
       rate = rate()
     return rate
-
-  def learning_rate_at(self, step):
-    return _scheduled(self.base_learning_rate(), step)
 
   def weight_decay(self, variable):
     del variable
@@ -495,14 +496,6 @@ class Keras3OptimizerHooks(KerasOptimizerHooks):
     with _attributes_set_to(self._optimizer, _iterations=step):
       for gradient, variable in grads_and_vars:
         self._optimizer.update_step(gradient, variable, learning_rate)
-
-
-def _scheduled(rate, step):
-  """tf_keras: a variable's value, or a schedule's at `step`."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
-    rate = rate(step)
-  return tf.convert_to_tensor(rate)
 
 
 @contextlib.contextmanager

@@ -799,6 +799,12 @@ TRAINED_100_STEPS = frozenset(
      f"[input_options={flag}]" for flag in (True, False)])
 
 
+def outcome_of(error):
+  """A failed case's outcome: "<ErrorType>: <the message's end>" (the
+  cause is at the end: autograph prefixes a traceback)."""
+  return f"{type(error).__name__}: {' '.join(str(error).split())[-300:]}"
+
+
 def run_alone(kind, name):
   """Case `name` of KPL_TRAIN_AND_SERVE on a cluster of its own.
 
@@ -831,7 +837,7 @@ def run_alone(kind, name):
     KPL_TRAIN_AND_SERVE[name](_Base(strategy, temp_dir))
     outcome = "pass"
   except Exception as error:  # pylint: disable=broad-except
-    outcome = f"{type(error).__name__}: {' '.join(str(error).split())[-300:]}"
+    outcome = outcome_of(error)
   finally:
     sys.setprofile(None)
     shutil.rmtree(temp_dir, ignore_errors=True)
@@ -855,9 +861,34 @@ def run_cases(kind, names=None):
         CASES[name](_Base(strategy, temp_dir))
         outcomes[name] = "pass"
       except Exception as error:  # pylint: disable=broad-except
-        # The cause is at the end (autograph prefixes a traceback).
-        message = " ".join(str(error).split())[-300:]
-        outcomes[name] = f"{type(error).__name__}: {message}"
+        outcomes[name] = outcome_of(error)
       gradients[name] = (strategy.staleness_report().gradients
                          if kind != "stock" else None)
   return {"outcomes": outcomes, "gradients": gradients}
+
+
+# A train-and-serve case: 28 steps, a save and two loads; the other runs:
+# a fresh cluster and ~45 fits of 10 epochs each, or 26 sharded-variable
+# cases.
+ALONE_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 900
+
+
+def run_all(kind):
+  """Every ported case under strategy `kind`, each run in a fresh process
+  as it must be: {"outcomes": {case: ...}, "gradients": {case: ...}} (None
+  for a sharded-variable case), in the table's order."""
+  from tests import sharded_variable_cases  # pylint: disable=g-import-not-at-top
+  from tests.support import run_in_fresh_process  # pylint: disable=g-import-not-at-top
+  run = run_in_fresh_process(run_cases, kind=kind, timeout=RUN_TIMEOUT_S)
+  for name in KPL_TRAIN_AND_SERVE:
+    alone = run_in_fresh_process(run_alone, kind=kind, name=name,
+                                 timeout=ALONE_TIMEOUT_S, exit_at_once=True)
+    run["outcomes"][name] = alone["outcome"]
+    run["gradients"][name] = alone["gradients"]
+  sharded = run_in_fresh_process(sharded_variable_cases.run_cases, kind=kind,
+                                 timeout=RUN_TIMEOUT_S)
+  for name, outcome in sharded.items():
+    run["outcomes"][name] = outcome
+    run["gradients"][name] = None
+  return run

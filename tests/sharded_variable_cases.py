@@ -368,8 +368,7 @@ def run_cases(kind, names=None):
         CASES[name](test)
         outcomes[name] = "pass"
       except Exception as error:  # pylint: disable=broad-except
-        message = " ".join(str(error).split())[-300:]
-        outcomes[name] = f"{type(error).__name__}: {message}"
+        outcomes[name] = compatibility_cases.outcome_of(error)
   return outcomes
 
 

@@ -16,35 +16,13 @@ import pytest
 
 from tests import compatibility_cases
 from tests import sharded_variable_cases
-from tests.support import run_in_fresh_process
 
-# A fresh cluster and ~45 fits of 10 epochs each, per strategy.
-RUN_TIMEOUT_S = 900
-# One train-and-serve case: 28 steps, a save and two loads.
-ALONE_TIMEOUT_S = 300
 RUDRA_KINDS = ["rudra_async", "rudra_hardsync"]
 
 
 @pytest.fixture(scope="module")
 def runs():
-  return {kind: run_in_fresh_process(compatibility_cases.run_cases,
-                                     kind=kind, timeout=RUN_TIMEOUT_S)
-          for kind in compatibility_cases.STRATEGY_KINDS}
-
-
-@pytest.fixture(scope="module")
-def serving_runs():
-  return {kind: {name: run_in_fresh_process(
-      compatibility_cases.run_alone, kind=kind, name=name,
-      timeout=ALONE_TIMEOUT_S, exit_at_once=True)
-                 for name in compatibility_cases.KPL_TRAIN_AND_SERVE}
-          for kind in compatibility_cases.STRATEGY_KINDS}
-
-
-@pytest.fixture(scope="module")
-def sharded_outcomes():
-  return {kind: run_in_fresh_process(sharded_variable_cases.run_cases,
-                                     kind=kind, timeout=RUN_TIMEOUT_S)
+  return {kind: compatibility_cases.run_all(kind)
           for kind in compatibility_cases.STRATEGY_KINDS}
 
 
@@ -86,30 +64,31 @@ def test_each_step_of_a_ported_fit_is_one_protocol_gradient(runs, kind, name):
 
 
 @pytest.mark.parametrize("name", list(compatibility_cases.KPL_TRAIN_AND_SERVE))
-def test_a_train_and_serve_case_passes_on_stock(serving_runs, name):
-  assert serving_runs["stock"][name]["outcome"] == "pass"
+def test_a_train_and_serve_case_passes_on_stock(outcomes, name):
+  assert outcomes["stock"][name] == "pass"
 
 
 @pytest.mark.parametrize("name", list(compatibility_cases.KPL_TRAIN_AND_SERVE))
 @pytest.mark.parametrize("kind", RUDRA_KINDS)
 def test_a_train_and_serve_case_passes_with_each_step_one_gradient(
-    serving_runs, kind, name):
+    runs, kind, name):
   # 4 rounds of 7 scheduled steps: 28 gradients counted by the shard.
-  assert serving_runs[kind][name] == {"outcome": "pass", "gradients": 28}
+  assert runs[kind]["outcomes"][name] == "pass"
+  assert runs[kind]["gradients"][name] == 28
 
 
-def test_every_sharded_variable_case_passes_on_stock(sharded_outcomes):
-  failing = {name: outcome
-             for name, outcome in sharded_outcomes["stock"].items()
-             if outcome != "pass"}
+def test_every_sharded_variable_case_passes_on_stock(outcomes):
+  failing = {name: outcomes["stock"][name]
+             for name in sharded_variable_cases.CASES
+             if outcomes["stock"][name] != "pass"}
   assert not failing
 
 
 @pytest.mark.parametrize("name", list(sharded_variable_cases.CASES))
 @pytest.mark.parametrize("kind", RUDRA_KINDS)
 def test_a_sharded_variable_case_ends_as_on_stock_or_is_refused(
-    sharded_outcomes, kind, name):
-  outcome = sharded_outcomes[kind][name]
+    outcomes, kind, name):
+  outcome = outcomes[kind][name]
   refusal = sharded_variable_cases.REFUSED_UNDER_RUDRA.get(name)
   if refusal is None:
     assert outcome == "pass", outcome

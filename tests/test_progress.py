@@ -44,9 +44,27 @@ class _Counts:
             "staleness_mean": 1.0}
 
 
-def test_epoch_progress_prints_until_stopped_and_skips_failed_reads():
-  reads, lines = [], []
+def _first_two_lines(read_report, epoch, epochs, steps):
+  """Runs an EpochProgress (every 0.01 s, μ = 4, the epoch began at 100
+  gradients) until it printed two lines; returns it stopped, and its lines
+  so far."""
+  lines = []
   two_lines = threading.Event()
+
+  def out(line):
+    lines.append(line)
+    if len(lines) == 2:
+      two_lines.set()
+  printer = progress.EpochProgress(read_report, every_s=0.01, out=out)
+  printer.start(epoch=epoch, epochs=epochs, steps=steps, minibatch=4,
+                start_report=_Counts(100))
+  assert two_lines.wait(60), lines
+  printer.stop()
+  return printer, lines
+
+
+def test_epoch_progress_prints_until_stopped_and_skips_failed_reads():
+  reads = []
 
   def read_report():
     reads.append(None)
@@ -54,15 +72,8 @@ def test_epoch_progress_prints_until_stopped_and_skips_failed_reads():
       raise tf.errors.UnavailableError(None, None, "ps:0 is restarting")
     return _Counts(100 + 10 * len(reads))
 
-  def out(line):
-    lines.append(line)
-    if len(lines) == 2:
-      two_lines.set()
-  printer = progress.EpochProgress(read_report, every_s=0.01, out=out)
-  printer.start(epoch=2, epochs=3, steps=1000, minibatch=4,
-                start_report=_Counts(100))
-  assert two_lines.wait(60), lines
-  printer.stop()
+  printer, lines = _first_two_lines(read_report, epoch=2, epochs=3,
+                                    steps=1000)
   printed = len(lines)
   # The second read saw 20 gradients since the epoch began, the third 30.
   assert re.fullmatch(
@@ -77,22 +88,13 @@ def test_epoch_progress_prints_the_step_0_line_once():
   # The first step traces the training function: several ticks may pass
   # before any gradient. One "step 0" line says the epoch began; the next
   # line is the first with gradients.
-  reads, lines = [], []
-  done = threading.Event()
+  reads = []
 
   def read_report():
     reads.append(None)
     return _Counts(100 if len(reads) <= 4 else 112)
 
-  def out(line):
-    lines.append(line)
-    if len(lines) == 2:
-      done.set()
-  printer = progress.EpochProgress(read_report, every_s=0.01, out=out)
-  printer.start(epoch=1, epochs=1, steps=50, minibatch=4,
-                start_report=_Counts(100))
-  assert done.wait(60), lines
-  printer.stop()
+  _, lines = _first_two_lines(read_report, epoch=1, epochs=1, steps=50)
   assert len(reads) >= 5
   assert lines[0].startswith("epoch 1/1 step 0/50 | ")
   assert lines[0].endswith("? s left")
