@@ -54,19 +54,22 @@ def test_a_learner_whose_data_runs_out_fails_as_on_stock_pss(protocol, runs):
         lambda _: run_in_fresh_process(exhausted_input,
                                        protocol=protocol, timeout=150),
         range(runs)))
-  # Which of stock's two types fit raises depends on the closure whose logs
-  # fit reads last: cancelled (CancelledError) or itself out of data (the
-  # closure's own OutOfRangeError; a CI run saw it under hardsync). Client
-  # code catches both under stock PSS.
+  # What fit does next is a race of TF's, on stock as here: fit reads the
+  # logs of the last closure it scheduled, which TF cancelled
+  # (CancelledError), which ran out of data itself (OutOfRangeError; a CI
+  # run saw it under hardsync), or which had finished before the failure
+  # reached schedule() (a loaded CI machine saw it under async): then fit
+  # returns early with tf_keras's "ran out of data" warning. Stock PSS
+  # users' code meets all three.
   stock_errors = ("CancelledError", "OutOfRangeError")
-  assert stock.result()["fit_error"] in stock_errors
+  assert_stopped_as_on_stock(stock.result(), stock_errors)
   explanation = ("The dataset of learner 0 ran out of data. Under "
                  "RudraStrategy, as under TensorFlow's "
                  "ParameterServerStrategy, a learner's dataset must not end: "
                  "end the dataset (or dataset function) with .repeat() and "
                  "give fit steps_per_epoch.")
   for result in results:
-    assert result["fit_error"] in stock_errors
+    assert_stopped_as_on_stock(result, stock_errors)
     assert result["logged_explanation"], "TF did not log the explanation"
     assert result["join_error"] == ["LearnerDataExhaustedError", True,
                                     explanation]
@@ -79,6 +82,15 @@ def test_a_learner_whose_data_runs_out_fails_as_on_stock_pss(protocol, runs):
     if protocol == "hardsync":
       new = retry["histogram"] - result["report"]["histogram"]
       assert new[0] == 9 and new.sum() == 9
+
+
+def assert_stopped_as_on_stock(result, stock_errors):
+  """fit raised one of stock's errors, or stopped early with its warning."""
+  if result["fit_error"] is None:
+    assert result["ran_out_warning"], (
+        "fit neither failed nor warned that its input ran out")
+  else:
+    assert result["fit_error"] in stock_errors
 
 
 def test_a_leftover_pull_of_a_failed_fit_takes_nothing_from_the_next():
@@ -291,12 +303,15 @@ def exhausted_input(protocol, num_learners=3):
     fit_error = None
   except tf.errors.OpError as raised:
     fit_error = type(raised).__name__
+  ran_out_warning = any(line.startswith("Your input ran out of data")
+                        for line in logged)
   if protocol is None:
-    return {"fit_error": fit_error}
+    return {"fit_error": fit_error, "ran_out_warning": ran_out_warning}
   report = report_as_dict(strategy)
   # The same model trains on once its data repeats.
   model.fit(repeated_batches(x, y, 4), epochs=1, steps_per_epoch=9, verbose=0)
-  result = {"fit_error": fit_error, "report": report,
+  result = {"fit_error": fit_error, "ran_out_warning": ran_out_warning,
+            "report": report,
             "retry": report_as_dict(strategy),
             "logged_explanation": any(
                 "LearnerDataExhaustedError(): The dataset of learner 0 ran "
