@@ -5,6 +5,7 @@ TensorFlow-backed names below is first used.
 """
 
 import importlib
+import sys
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,20 @@ _LAZY = {
 _MODULES = ("protocol", "checkpointing")
 
 __all__ = sorted(_LAZY) + list(_MODULES)
+
+
+
+def _register_with_keras3():
+  """Registers the Keras 3 optimizer wrapper with Keras 3, so that
+  keras.models.load_model finds it, when Keras 3 is loaded already (and
+  TensorFlow with it: the import then costs little)."""
+  keras = sys.modules.get("keras")
+  if keras is not None and str(getattr(keras, "__version__", "")).startswith(
+      "3."):
+    importlib.import_module("rudra_tf.keras3_optimizer")
+
+
+_register_with_keras3()
 
 
 def __getattr__(name):

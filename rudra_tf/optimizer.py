@@ -4,11 +4,10 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
-from rudra_tf import ledger as ledger_lib
 from rudra_tf import protocol as protocol_lib
+from rudra_tf import shard_updates
 from rudra_tf import strategy as strategy_lib
 from rudra_tf import tf_hooks
-from rudra_tf import variables as variables_lib
 
 
 class _CallableList(list):
@@ -74,52 +73,40 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
   optimizer variables). The SavedModel format, as in plain tf_keras,
   restores no optimizer state.
 
-  Keras 3: the inner optimizer may be a Keras 3 one (`keras.optimizers.SGD`,
-  Adam, AdamW, ..., with a `keras.optimizers.schedules` schedule) for a
-  Keras 3 model trained in a hand-written loop over ClusterCoordinator; a
-  plain Keras 3 optimizer trains there too, as above. Its update rule is
-  its own `update_step`, applied on the shards with the rate and step
-  counter above (tf_hooks.Keras3OptimizerHooks). Keras 3's `model.fit`
-  under RudraStrategy is not supported yet.
+  Keras 3: wrapping a Keras 3 optimizer (`keras.optimizers.SGD`, Adam,
+  AdamW, ..., with a `keras.optimizers.schedules` schedule) returns a
+  `keras3_optimizer.Keras3StalenessAwareOptimizer` (Keras 3's compile takes
+  only Keras 3 optimizers) with the same rule, arguments and saved state:
+  a Keras 3 model then trains with `model.fit` (rudra_tf/keras3_training.py)
+  or in a hand-written loop over ClusterCoordinator, where a plain Keras 3
+  optimizer trains too, as above. Its update rule is its own
+  `update_step`, applied on the shards with the rate and step counter
+  above (tf_hooks.Keras3OptimizerHooks). A tf_keras optimizer on a Keras 3
+  model, or the reverse, is refused at compile.
 
   Limitations: `use_ema=True`, and a Keras 3 optimizer's
   `gradient_accumulation_steps`, are not supported.
   """
 
+  def __new__(cls, optimizer=None, *args, **kwargs):
+    # A Keras 3 optimizer gets the Keras 3 wrapper: Keras 3's compile
+    # accepts only its own optimizer class.
+    if cls is StalenessAwareOptimizer and tf_hooks.is_keras3_optimizer(
+        optimizer):
+      from rudra_tf import keras3_optimizer  # pylint: disable=g-import-not-at-top
+      return keras3_optimizer.Keras3StalenessAwareOptimizer(
+          optimizer, *args, **kwargs)
+    return super().__new__(cls)
+
   def __init__(self, optimizer, lr_policy=protocol_lib.LR_NONE,
                name="StalenessAwareOptimizer"):
-    strategy = tf.distribute.get_strategy()
-    if not isinstance(strategy, strategy_lib.RudraStrategy):
-      raise ValueError(
-          "StalenessAwareOptimizer must be created inside "
-          "`with rudra_tf.RudraStrategy(...).scope():`; the current strategy "
-          f"is {type(strategy).__name__}. To load a model saved with it "
-          "for inference or evaluation without a cluster, pass "
-          "compile=False to tf_keras.models.load_model.")
-    if isinstance(optimizer, StalenessAwareOptimizer):
-      raise ValueError("StalenessAwareOptimizer cannot wrap another "
-                       "StalenessAwareOptimizer.")
-    hooks = tf_hooks.optimizer_hooks(optimizer)
-    if hooks is None:
-      raise ValueError(
-          "StalenessAwareOptimizer wraps a tf_keras optimizer such as "
-          "tf_keras.optimizers.SGD or Adam, a legacy one such as "
-          "tf_keras.optimizers.legacy.SGD, or (in loops over "
-          "ClusterCoordinator) a Keras 3 one such as keras.optimizers.SGD; "
-          f"got {optimizer!r}.")
-    if hooks.uses_ema():
-      raise ValueError("StalenessAwareOptimizer does not support an inner "
-                       "optimizer with use_ema=True.")
-    unsupported = hooks.unsupported()
-    if unsupported:
-      raise ValueError(
-          f"StalenessAwareOptimizer does not support {unsupported}.")
-    policy = protocol_lib.LearningRatePolicy.create(lr_policy,
-                                                    strategy.protocol)
+    strategy = shard_updates.current_rudra_strategy(
+        "tf_keras.models.load_model")
+    hooks = shard_updates.checked_hooks(optimizer, wrapper_classes())
+    updates = shard_updates.ShardUpdates(hooks, lr_policy, strategy)
     super().__init__(name=name, jit_compile=False)
     self._optimizer = optimizer
-    self._hooks = self._no_dependency(hooks)
-    self._policy = policy
+    self._updates = self._no_dependency(updates)
     self._strategy = self._no_dependency(strategy)
 
   # ----------------------------------------------------------- properties
@@ -129,12 +116,12 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
 
   @property
   def lr_policy(self):
-    return self._policy.name
+    return self._updates.policy.name
 
   @property
   def learning_rate_multiplier(self):
     """m above: the constant factor on the inner learning rate."""
-    return self._policy.multiplier
+    return self._updates.policy.multiplier
 
   @property
   def learning_rate(self):
@@ -155,11 +142,7 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     """The inner optimizer's variables, then each shard's protocol state.
 
     Callable too, as tf_keras's own (`optimizer.variables()`)."""
-    shard_variables = []
-    for shard in getattr(self, "_rudra_shards", None) or ():
-      shard_variables += [shard.timestamp, shard.ledger]
-      shard_variables += list(shard.accumulators)
-    return _CallableList(self._hooks.variables() + shard_variables)
+    return _CallableList(self._updates.variables())
 
   def set_weights(self, weights):
     """Assigns `weights` (numpy arrays, in the order of `variables`).
@@ -168,63 +151,18 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     holds none of this state; an .h5 model's optimizer state loads here.
     Raises ValueError, assigning nothing, when the values do not fit this
     strategy (another cluster size, ps count or protocol)."""
-    if not getattr(self, "_built", False):
-      raise ValueError(
-          "set_weights() needs a built optimizer: call "
-          "optimizer.build(model.trainable_variables) first.")
-    variables = self.variables
-    if len(weights) == 1 and len(variables) > 1 and not weights[0].shape:
-      # Saved before its first step: the inner optimizer's step counter (0)
-      # is all there is, and this fresh state is what it saved.
-      return
-    self._check_restorable(variables, weights)
-    for variable, weight in zip(variables, weights):
-      variable.assign(weight)
-    # A restored ledger holds the tokens of the run that saved it; no
-    # learner runs now, so each round restarts from its pending gradients.
-    self._strategy.restore_exact_rounds()
+    self._updates.set_weights(weights)
 
   def load_own_variables(self, store):
     """Loads a .keras file's optimizer state (the order of `variables`)."""
     self.set_weights([store[str(i)] for i in range(len(store.keys()))])
 
-  def _check_restorable(self, variables, weights):
-    hint = ("load the model inside a RudraStrategy like the one that saved "
-            "it, or with compile=False and compile it again")
-    if len(weights) != len(variables):
-      raise ValueError(
-          f"The saved optimizer state has {len(weights)} arrays; this one has "
-          f"{len(variables)} (inner optimizer state, then each parameter-"
-          f"server shard's timestamp, ledger and accumulators): {hint}.")
-    for variable, weight in zip(variables, weights):
-      if tuple(variable.shape) != tuple(weight.shape):
-        raise ValueError(
-            f"Optimizer variable {variable.name} has shape {variable.shape}; "
-            f"the saved value has shape {weight.shape}: {hint}.")
-    ledgers = {id(shard.ledger): shard
-               for shard in getattr(self, "_rudra_shards", None) or ()}
-    protocol = self._strategy.protocol
-    for variable, weight in zip(variables, weights):
-      shard = ledgers.get(id(variable))
-      if shard is None:
-        continue
-      pending = int(weight[ledger_lib.LedgerLayout.PENDING])
-      if pending >= protocol.gradients_per_update:
-        raise ValueError(
-            f"The saved state of shard {shard.index} holds {pending} pending "
-            f"gradients; {protocol.name} here updates after "
-            f"c = {protocol.gradients_per_update}: {hint}.")
-
   # -------------------------------------------------------------- training
   def build(self, var_list):
-    if getattr(self, "_built", False):
-      return
-    self._hooks.build(var_list)
     # The protocol state is built with the slots, so that a checkpoint
     # restored before training restores it too; tracked here, so that the
     # optimizer's checkpoints and saved models hold it.
-    self._rudra_shards = self._strategy.build_shards()
-    self._built = True
+    self._rudra_shards = self._updates.build(var_list)
 
   def update_step(self, gradient, variable):
     raise NotImplementedError(
@@ -236,59 +174,22 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     """Pushes this learner's gradients with the timestamps of its pull."""
     del name, skip_gradients_aggregation, kwargs
     grads_and_vars = list(grads_and_vars)
-    refuse_mixed_kerases(self._optimizer, [v for _, v in grads_and_vars])
+    shard_updates.refuse_mixed_kerases(self._optimizer,
+                                       [v for _, v in grads_and_vars])
     return self._push(grads_and_vars)
 
   def _push(self, grads_and_vars):
     """apply_gradients for gradients already checked (the implicit
     wrapper's: a plain optimizer's, gathered by the strategy)."""
-    pulled = variables_lib.current_pull()
-    if pulled is None:
-      raise ValueError(
-          "StalenessAwareOptimizer.apply_gradients must run inside a "
-          "RudraStrategy training step (model.fit, or strategy.run inside "
-          "ClusterCoordinator.schedule), where the weights were pulled; an "
-          "eager strategy.run runs on the chief, which is no learner.")
-    # A Keras 3 model's variables wrap the strategy's tf.Variables.
-    grads_and_vars = tf_hooks.filter_empty_gradients(
-        [(gradient, tf_hooks.unwrap_keras3_variable(variable))
-         for gradient, variable in grads_and_vars])
-    if not grads_and_vars:
-      return self.iterations
-    grads, trainable_variables = zip(*grads_and_vars)
-    with tf.init_scope():
-      self.build(trainable_variables)
-    if pulled.plan is not None:  # a probing trace: built, nothing pushed
-      pulled.plan.pushed = True
-      return self.iterations
-    grads = self._hooks.clip(grads, trainable_variables)
-    self._strategy.push_gradients(
-        list(zip(grads, trainable_variables)), pulled, self._apply_update,
-        self._policy)
+    self._updates.push(grads_and_vars, self.build)
     return self.iterations
-
-  def _apply_update(self, mean_grads_and_vars, timestamp):
-    """One update on one shard at `timestamp` (the shard clock's value
-    before the update); run inside the shard's lock, except on the async
-    fast path (`consistent_pulls=False`)."""
-    learning_rate = (self._hooks.learning_rate_at(timestamp) *
-                     self._policy.multiplier)
-    for _, variable in mean_grads_and_vars:
-      decay = self._hooks.weight_decay(variable)
-      if decay:
-        variable.assign_sub(variable.live_read() *
-                            tf.cast(decay * learning_rate, variable.dtype))
-    self._hooks.apply(mean_grads_and_vars, learning_rate, timestamp)
-    for _, variable in mean_grads_and_vars:
-      if variable.constraint is not None:
-        variable.assign(variable.constraint(variable.live_read()))
 
   # --------------------------------------------------------- serialization
   def get_config(self):
     return {
         "name": self.name,
         "optimizer": tf_keras.optimizers.serialize(self._optimizer),
-        "lr_policy": self._policy.name,
+        "lr_policy": self._updates.policy.name,
         # tf_keras's deserializer takes a config without it for a legacy
         # optimizer (and then cannot find this class in an .h5 file).
         "is_legacy_optimizer": False,
@@ -317,21 +218,8 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     return cls(inner, **config)
 
 
-def refuse_mixed_kerases(optimizer, variables):
-  """Raises ValueError if a tf_keras optimizer would train a Keras 3
-  model's variables, or a Keras 3 optimizer a tf_keras model's."""
-  keras3_optimizer = tf_hooks.is_keras3_optimizer(optimizer)
-  for variable in variables:
-    if tf_hooks.is_keras3_variable(variable) == keras3_optimizer:
-      continue
-    name = type(optimizer).__name__
-    if keras3_optimizer:
-      raise ValueError(
-          f"A Keras 3 optimizer (keras.optimizers.{name}) cannot train the "
-          f"tf_keras model variable {variable.name!r}: use "
-          f"tf_keras.optimizers.{name} with a tf_keras model, or build the "
-          "model with Keras 3 (import keras).")
-    raise ValueError(
-        f"A tf_keras optimizer ({name}) cannot train the Keras 3 model "
-        f"variable {variable.path!r}: use keras.optimizers.{name} with a "
-        "Keras 3 model, or build the model with tf_keras.")
+def wrapper_classes():
+  """Both StalenessAwareOptimizer classes (tf_keras's, Keras 3's)."""
+  from rudra_tf import keras3_optimizer  # pylint: disable=g-import-not-at-top
+  return (StalenessAwareOptimizer,
+          keras3_optimizer.Keras3StalenessAwareOptimizer)

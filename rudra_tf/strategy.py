@@ -315,6 +315,15 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     # model saved with it then loads inside any RudraStrategy's scope. (It
     # uses the strategy's public surface; the strategy needs only this.)
     importlib.import_module("rudra_tf.optimizer")
+    # Keras 3: its wrapper registers with Keras 3 the same way, and Keras
+    # 3's fit, evaluate and predict of a model under this strategy run
+    # through the coordinator (Keras 3 has no parameter-server training).
+    importlib.import_module("rudra_tf.keras3_optimizer")
+    importlib.import_module("rudra_tf.keras3_training").install()
+    # Either Keras's compile refuses the other's optimizer as "could not
+    # interpret"; this names both and the fix.
+    tf_hooks.install_compile_check(importlib.import_module(
+        "rudra_tf.shard_updates").refuse_mixed_compile)
     # ClusterCoordinator is one per strategy: tf_keras's fit then finds this.
     coordinator_lib.RudraCoordinator(self)
 
@@ -531,7 +540,7 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       if tf_hooks.is_keras3_optimizer(optimizer):
         # Its updates hand over tf.Variables; it was built on what the user
         # passed (a tf_keras optimizer fails on Keras 3 variables itself).
-        optimizer_lib.refuse_mixed_kerases(
+        importlib.import_module("rudra_tf.shard_updates").refuse_mixed_kerases(
             optimizer, tf_hooks.keras3_optimizer_built_on(optimizer))
       with tf.init_scope():
         self._implicit_wrappers[key] = optimizer_lib.StalenessAwareOptimizer(

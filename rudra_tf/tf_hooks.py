@@ -39,6 +39,8 @@ Variables and data
 """
 
 import contextlib
+import functools
+import importlib
 import inspect
 import sys
 import threading
@@ -341,6 +343,92 @@ def unwrap_keras3_variable(variable):
   """The tf.Variable (the strategy's) inside a Keras 3 Variable; any other
   variable as it is."""
   return variable.value if is_keras3_variable(variable) else variable
+
+
+# Keras 3's TensorFlow trainer (keras/src/backend/tensorflow/trainer.py),
+# whose fit, evaluate and predict RudraStrategy models take from
+# rudra_tf/keras3_training.py; pinned to keras 3.15.*.
+_KERAS3_TRAINER = "keras.src.backend.tensorflow.trainer"
+_KERAS3_ROUTED = ("fit", "evaluate", "predict")
+
+
+def install_keras3_training(applies, **replacements):
+  """Routes Keras 3's `TensorFlowTrainer` methods (fit, evaluate,
+  predict) to `replacements[name](model, ...)` for a model where
+  `applies(model)`; any other model keeps Keras 3's own. Idempotent."""
+  trainer = importlib.import_module(_KERAS3_TRAINER).TensorFlowTrainer
+  for name in _KERAS3_ROUTED:
+    original = getattr(trainer, name)
+    original = getattr(original, "_rudra_original", original)
+
+    def routed(model, *args, _original=original,
+               _replacement=replacements[name], **kwargs):
+      if applies(model):
+        return _replacement(model, *args, **kwargs)
+      return _original(model, *args, **kwargs)
+    routed._rudra_original = original  # pylint: disable=protected-access
+    functools.update_wrapper(routed, original)
+    setattr(trainer, name, routed)
+
+
+def install_compile_check(check):
+  """Runs `check(model, optimizer)` before each compile, in tf_keras and
+  Keras 3 (`Model.compile`, `Trainer.compile`). Idempotent."""
+  for module, owner in (("tf_keras.src.engine.training", "Model"),
+                        ("keras.src.trainers.trainer", "Trainer")):
+    cls = getattr(importlib.import_module(module), owner)
+    original = cls.compile
+    original = getattr(original, "_rudra_original", original)
+
+    def checked(model, *args, _original=original, **kwargs):
+      optimizer = kwargs.get("optimizer", args[0] if args else None)
+      check(model, optimizer)
+      return _original(model, *args, **kwargs)
+    checked._rudra_original = original  # pylint: disable=protected-access
+    functools.update_wrapper(checked, original)
+    cls.compile = checked
+
+
+def is_keras3_model(model):
+  keras = _keras3()
+  return (keras is not None and hasattr(keras, "Model") and
+          isinstance(model, keras.Model))
+
+
+def keras3_routed_methods():
+  """{name: (the method now, Keras 3's own)} of the routed trainer."""
+  trainer = importlib.import_module(_KERAS3_TRAINER).TensorFlowTrainer
+  return {name: (getattr(trainer, name),
+                 getattr(getattr(trainer, name), "_rudra_original", None))
+          for name in _KERAS3_ROUTED}
+
+
+def keras3_assert_compiled(model, method_name):
+  """Keras 3's own error for fit/evaluate before compile."""
+  model._assert_compile_called(method_name)
+
+
+def keras3_symbolic_build(model, data_spec):
+  """Builds the model, its compiled loss and metrics and its optimizer
+  from the spec of one batch (what Keras 3 does with its first batch)."""
+  model._symbolic_build(data_batch=data_spec)
+
+
+def keras3_metrics_in_order(model, logs):
+  """evaluate's list result: the logs in the model's metrics order."""
+  return model._flatten_metrics_in_order(logs)
+
+
+def keras_callback_overrides(callback, hook):
+  """Whether a callback (Keras 3 or tf_keras) implements `hook` itself:
+  both mark the base class's empty hooks `_is_default`."""
+  method = getattr(callback, hook, None)
+  return method is not None and not getattr(method, "_is_default", False)
+
+
+def keras3_tensorboard_profiles(callback):
+  """Whether a Keras 3 TensorBoard callback profiles a batch."""
+  return callback._start_batch > 0
 
 
 class _OptimizerHooks:

@@ -1,7 +1,7 @@
 """examples/: TensorFlow's parameter-server tutorial, both parts, run as
 written (`python -m examples.<name> --strategy=rudra`) in a child process,
-on RudraStrategy; what they print must show every step went through the
-protocol."""
+on RudraStrategy, and README's Keras 3 quick start; what they print must
+show every step went through the protocol."""
 
 import os
 import re
@@ -57,3 +57,18 @@ def test_the_tutorials_custom_loop_part_runs_as_written():
   assert summary_counts(lines[-1]) == {
       "updates": 21, "gradients": 21, "pending": 0, "dropped": 0,
       "duplicates": 0}, lines[-1]
+
+
+def test_the_keras3_quick_start_trains_through_the_protocol():
+  # README's Keras 3 quick start: 3 epochs of ceil(1000 / 32) = 32 learner
+  # steps, 2-softsync on 4 learners (c = 2): 96 gradients, 48 updates.
+  out = run_example("keras3_quick_start")
+  epoch_lines = [line for line in out.splitlines() if line.startswith("32/32")]
+  assert len(epoch_lines) == 3
+  assert all("gradients: 32.0000" in line for line in epoch_lines)
+  assert summary_counts(out.strip().splitlines()[-1]) == {
+      "updates": 48, "gradients": 96, "pending": 0, "dropped": 0,
+      "duplicates": 0}
+  accuracy = float(re.search(r"evaluate: loss [\d.]+, accuracy ([\d.]+)",
+                             out).group(1))
+  assert accuracy > 0.8  # a linear rule: learnt, not guessed (0.5)

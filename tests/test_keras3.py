@@ -3,7 +3,7 @@ RudraStrategy, as TensorFlow's PS tutorial writes them for tf_keras: the
 optimizer plain (its gradients gathered from `extended.update`) or wrapped
 in rudra_tf.StalenessAwareOptimizer, against plain Keras 3 training.
 
-Keras 3's own `fit` under RudraStrategy is not here yet (issue #22).
+Keras 3's own `fit` under RudraStrategy: tests/test_keras3_fit.py.
 Every cluster runs in a fresh process (tests/support.py).
 """
 
@@ -211,7 +211,18 @@ def mixing_the_two_kerases():
       errors[name] = None
     except Exception as error:  # pylint: disable=broad-except
       errors[name] = str(error)
-  return {"errors": errors,
+  compile_errors = {}
+  for name, (make_model, make_optimizer) in dict(
+      mixes, tf_keras_plain_on_keras3=(
+          lambda: _make_model(), lambda: tf_keras.optimizers.SGD(0.1))).items():
+    with strategy.scope():
+      model = make_model()
+      try:
+        model.compile(optimizer=make_optimizer(), loss="mse")
+        compile_errors[name] = None
+      except ValueError as error:
+        compile_errors[name] = str(error)
+  return {"errors": errors, "compile_errors": compile_errors,
           "gradients": strategy.staleness_report().gradients}
 
 
@@ -228,3 +239,13 @@ def test_mixing_tf_keras_and_keras3_is_refused_naming_both_and_the_fix():
     assert "use tf_keras.optimizers.SGD with a tf_keras model" in (
         errors[name])
   assert result["gradients"] == 0  # refused before any push
+  # compile refuses every mix, naming both Kerases and the fix.
+  compile_errors = result["compile_errors"]
+  for name in ("tf_keras_wrapped_on_keras3", "tf_keras_plain_on_keras3"):
+    assert ("A tf_keras optimizer (SGD) cannot train the Keras 3 model "
+            "'sequential") in compile_errors[name], compile_errors[name]
+    assert "use keras.optimizers.SGD with a Keras 3 model" in (
+        compile_errors[name])
+  for name in ("keras3_wrapped_on_tf_keras", "keras3_plain_on_tf_keras"):
+    assert ("A Keras 3 optimizer (keras.optimizers.SGD) cannot train the "
+            "tf_keras model 'sequential") in compile_errors[name]

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import tensorflow as tf
@@ -27,7 +28,7 @@ from rudra_tf import tf_hooks
 _PACKAGE = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "rudra_tf")
 # What only tf_hooks.py may write in rudra_tf/.
-_REACHING_PAST_THE_PUBLIC_API = ("tensorflow.python", "tf_keras.src",
+_REACHING_PAST_THE_PUBLIC_API = ("tensorflow.python", "keras.src",
                                  "tf.__internal__", "sys._getframe",
                                  "._extended", "._cluster")
 
@@ -700,3 +701,83 @@ def test_chief_calls_outside_a_cancelled_closures_cancellation():
     leave.set()
     closure.join(30)
   assert int(add_one(tf.constant(6))) == 7  # no closure runs: no manager
+
+
+def test_keras3_trainer_hooks():
+  # keras3_training takes fit, evaluate and predict from Keras 3's
+  # TensorFlow trainer (routed per model), builds a model from a batch's
+  # spec as its fit does, and reads the names and order of its metrics.
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
+  assert issubclass(keras.Model, trainer.TensorFlowTrainer)
+  for name in ("fit", "evaluate", "predict"):
+    assert name in vars(trainer.TensorFlowTrainer), name
+  build = inspect.signature(keras.Model._symbolic_build).parameters
+  assert "data_batch" in build
+  assert "to_symbolic_input" in inspect.getsource(keras.Model._symbolic_build)
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  with pytest.raises(ValueError, match="compile"):
+    tf_hooks.keras3_assert_compiled(model, "fit")
+  model.compile("sgd", "mse", metrics=["mae"])
+  tf_hooks.keras3_symbolic_build(
+      model, (tf.TensorSpec((None, 2)), tf.TensorSpec((None, 1))))
+  assert model.optimizer.built and model.compiled_metrics is not None
+  assert tf_hooks.keras3_metrics_in_order(
+      model, {"mae": 2.0, "loss": 1.0}) == [1.0, 2.0]
+  class PerBatch(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      pass
+  assert tf_hooks.keras_callback_overrides(PerBatch(), "on_train_batch_end")
+  for plain in (keras.callbacks.Callback(), tf_keras.callbacks.Callback()):
+    assert not tf_hooks.keras_callback_overrides(plain, "on_train_batch_end")
+  assert not tf_hooks.keras3_tensorboard_profiles(
+      keras.callbacks.TensorBoard("/tmp/unused"))
+  assert tf_hooks.keras3_tensorboard_profiles(
+      keras.callbacks.TensorBoard("/tmp/unused", profile_batch=3))
+
+
+def test_routing_keras3_training_keeps_every_other_model_on_keras3():
+  import keras  # pylint: disable=g-import-not-at-top
+  calls = []
+  tf_hooks.install_keras3_training(
+      applies=lambda model: model.name == "routed",
+      fit=lambda model, *a, **k: calls.append(("fit", model.name)),
+      evaluate=lambda model, *a, **k: calls.append(("evaluate", model.name)),
+      predict=lambda model, *a, **k: calls.append(("predict", model.name)))
+  try:
+    routed = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)],
+                              name="routed")
+    routed.fit(np.ones((4, 2)), np.ones((4, 1)))
+    routed.evaluate(np.ones((4, 2)))
+    routed.predict(np.ones((4, 2)))
+    assert calls == [("fit", "routed"), ("evaluate", "routed"),
+                     ("predict", "routed")]
+    plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    plain.compile("sgd", "mse")
+    plain.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
+    assert plain.predict(np.ones((4, 2)), verbose=0).shape == (4, 1)
+    assert len(calls) == 3
+  finally:
+    from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
+    for name, (_, original) in tf_hooks.keras3_routed_methods().items():
+      setattr(trainer.TensorFlowTrainer, name, original)
+
+
+def test_compile_check_runs_in_both_kerases():
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras.src.trainers import trainer  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.engine import training  # pylint: disable=g-import-not-at-top
+  originals = (trainer.Trainer.compile, training.Model.compile)
+  seen = []
+  tf_hooks.install_compile_check(
+      lambda model, optimizer: seen.append((type(model).__module__.split(
+          ".")[0], optimizer)))
+  try:
+    keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]).compile(
+        "sgd", "mse")
+    tf_keras.Sequential([tf_keras.Input((2,)),
+                         tf_keras.layers.Dense(1)]).compile(
+                             optimizer="adam", loss="mse")
+    assert seen == [("keras", "sgd"), ("tf_keras", "adam")]
+  finally:
+    trainer.Trainer.compile, training.Model.compile = originals

@@ -1,0 +1,214 @@
+"""ShardUpdates: what a StalenessAwareOptimizer does, for either Keras.
+
+The wrapper exists twice, because each Keras accepts only its own optimizer
+class: `optimizer.StalenessAwareOptimizer` (a tf_keras optimizer) and
+`keras3_optimizer.Keras3StalenessAwareOptimizer` (a Keras 3 one). Both hold
+one `ShardUpdates` and hand it everything but the Keras surface:
+
+    learner step                          parameter-server shard
+    ------------                          ----------------------
+    apply_gradients(grads_and_vars)
+      -> push(): clip, send with the  ->  strategy.push_gradients: staleness,
+         timestamps of the step's pull     w(σ), gather c gradients, then
+                                           apply_update(mean, timestamp):
+                                           weight decay, the inner rule at
+                                           rate m · α(timestamp), constraints
+
+and the state both save: the inner optimizer's variables, then each shard's
+timestamp, ledger and accumulators (`variables`, `set_weights`).
+"""
+
+import tensorflow as tf
+
+from rudra_tf import ledger as ledger_lib
+from rudra_tf import protocol as protocol_lib
+from rudra_tf import strategy as strategy_lib
+from rudra_tf import tf_hooks
+from rudra_tf import variables as variables_lib
+
+
+def checked_hooks(optimizer, wrapper_classes):
+  """The inner optimizer's adapter (tf_hooks), or ValueError naming what
+  the wrapper cannot wrap; `wrapper_classes`: both wrappers' classes."""
+  if isinstance(optimizer, wrapper_classes):
+    raise ValueError("StalenessAwareOptimizer cannot wrap another "
+                     "StalenessAwareOptimizer.")
+  hooks = tf_hooks.optimizer_hooks(optimizer)
+  if hooks is None:
+    raise ValueError(
+        "StalenessAwareOptimizer wraps a tf_keras optimizer such as "
+        "tf_keras.optimizers.SGD or Adam, a legacy one such as "
+        "tf_keras.optimizers.legacy.SGD, or a Keras 3 one such as "
+        f"keras.optimizers.SGD; got {optimizer!r}.")
+  if hooks.uses_ema():
+    raise ValueError("StalenessAwareOptimizer does not support an inner "
+                     "optimizer with use_ema=True.")
+  unsupported = hooks.unsupported()
+  if unsupported:
+    raise ValueError(f"StalenessAwareOptimizer does not support {unsupported}.")
+  return hooks
+
+
+def current_rudra_strategy(loader_hint):
+  """The RudraStrategy in scope, or ValueError ending with `loader_hint`."""
+  strategy = tf.distribute.get_strategy()
+  if not isinstance(strategy, strategy_lib.RudraStrategy):
+    raise ValueError(
+        "StalenessAwareOptimizer must be created inside "
+        "`with rudra_tf.RudraStrategy(...).scope():`; the current strategy "
+        f"is {type(strategy).__name__}. To load a model saved with it "
+        "for inference or evaluation without a cluster, pass "
+        f"compile=False to {loader_hint}.")
+  return strategy
+
+
+class ShardUpdates:
+  """One wrapper's inner optimizer, policy and shards (see module doc)."""
+
+  def __init__(self, hooks, lr_policy, strategy):
+    self.hooks = hooks
+    self.policy = protocol_lib.LearningRatePolicy.create(lr_policy,
+                                                         strategy.protocol)
+    self.strategy = strategy
+    self.shards = None
+
+  def build(self, var_list):
+    """Builds the inner optimizer's slots and the shards; returns the
+    shards (the wrapper tracks them, so that checkpoints hold them)."""
+    if self.shards is None:
+      self.hooks.build(var_list)
+      self.shards = self.strategy.build_shards()
+    return self.shards
+
+  def variables(self):
+    """The inner optimizer's variables, then each shard's protocol state."""
+    shard_variables = []
+    for shard in self.shards or ():
+      shard_variables += [shard.timestamp, shard.ledger]
+      shard_variables += list(shard.accumulators)
+    return self.hooks.variables() + shard_variables
+
+  def set_weights(self, weights):
+    """Assigns `weights` (in the order of `variables`); ValueError, and
+    nothing assigned, when they do not fit this strategy."""
+    if self.shards is None:
+      raise ValueError(
+          "set_weights() needs a built optimizer: call "
+          "optimizer.build(model.trainable_variables) first.")
+    variables = self.variables()
+    if len(weights) == 1 and len(variables) > 1 and not weights[0].shape:
+      # Saved before its first step: the inner optimizer's step counter (0)
+      # is all there is, and this fresh state is what it saved.
+      return
+    self._check_restorable(variables, weights)
+    for variable, weight in zip(variables, weights):
+      variable.assign(weight)
+    # A restored ledger holds the tokens of the run that saved it; no
+    # learner runs now, so each round restarts from its pending gradients.
+    self.strategy.restore_exact_rounds()
+
+  def _check_restorable(self, variables, weights):
+    hint = ("load the model inside a RudraStrategy like the one that saved "
+            "it, or with compile=False and compile it again")
+    if len(weights) != len(variables):
+      raise ValueError(
+          f"The saved optimizer state has {len(weights)} arrays; this one has "
+          f"{len(variables)} (inner optimizer state, then each parameter-"
+          f"server shard's timestamp, ledger and accumulators): {hint}.")
+    for variable, weight in zip(variables, weights):
+      if tuple(variable.shape) != tuple(weight.shape):
+        raise ValueError(
+            f"Optimizer variable {variable.name} has shape {variable.shape}; "
+            f"the saved value has shape {weight.shape}: {hint}.")
+    ledgers = {id(shard.ledger): shard for shard in self.shards}
+    protocol = self.strategy.protocol
+    for variable, weight in zip(variables, weights):
+      shard = ledgers.get(id(variable))
+      if shard is None:
+        continue
+      pending = int(weight[ledger_lib.LedgerLayout.PENDING])
+      if pending >= protocol.gradients_per_update:
+        raise ValueError(
+            f"The saved state of shard {shard.index} holds {pending} pending "
+            f"gradients; {protocol.name} here updates after "
+            f"c = {protocol.gradients_per_update}: {hint}.")
+
+  def push(self, grads_and_vars, build):
+    """Pushes this learner step's gradients (graph code); `build`: the
+    wrapper's build, called once on the variables first seen here."""
+    pulled = variables_lib.current_pull()
+    if pulled is None:
+      raise ValueError(
+          "StalenessAwareOptimizer.apply_gradients must run inside a "
+          "RudraStrategy training step (model.fit, or strategy.run inside "
+          "ClusterCoordinator.schedule), where the weights were pulled; an "
+          "eager strategy.run runs on the chief, which is no learner.")
+    # A Keras 3 model's variables wrap the strategy's tf.Variables.
+    grads_and_vars = tf_hooks.filter_empty_gradients(
+        [(gradient, tf_hooks.unwrap_keras3_variable(variable))
+         for gradient, variable in grads_and_vars])
+    if not grads_and_vars:
+      return
+    grads, trainable_variables = zip(*grads_and_vars)
+    with tf.init_scope():
+      build(trainable_variables)
+    if pulled.plan is not None:  # a probing trace: built, nothing pushed
+      pulled.plan.pushed = True
+      return
+    grads = self.hooks.clip(grads, trainable_variables)
+    self.strategy.push_gradients(
+        list(zip(grads, trainable_variables)), pulled, self._apply_update,
+        self.policy)
+
+  def _apply_update(self, mean_grads_and_vars, timestamp):
+    """One update on one shard at `timestamp` (the shard clock's value
+    before the update); run inside the shard's lock, except on the async
+    fast path (`consistent_pulls=False`)."""
+    learning_rate = (self.hooks.learning_rate_at(timestamp) *
+                     self.policy.multiplier)
+    for _, variable in mean_grads_and_vars:
+      decay = self.hooks.weight_decay(variable)
+      if decay:
+        variable.assign_sub(variable.live_read() *
+                            tf.cast(decay * learning_rate, variable.dtype))
+    self.hooks.apply(mean_grads_and_vars, learning_rate, timestamp)
+    for _, variable in mean_grads_and_vars:
+      if variable.constraint is not None:
+        variable.assign(variable.constraint(variable.live_read()))
+
+
+def refuse_mixed_kerases(optimizer, variables):
+  """Raises ValueError if a tf_keras optimizer would train a Keras 3
+  model's variables, or a Keras 3 optimizer a tf_keras model's."""
+  keras3_optimizer = tf_hooks.is_keras3_optimizer(optimizer)
+  for variable in variables:
+    if tf_hooks.is_keras3_variable(variable) != keras3_optimizer:
+      raise _mixing_error(
+          optimizer, keras3_optimizer,
+          f"model variable {getattr(variable, 'path', variable.name)!r}")
+
+
+def refuse_mixed_compile(model, optimizer):
+  """At compile under a RudraStrategy: ValueError if `optimizer` (wrapped
+  or plain) is of the other Keras than `model`; strings and None pass."""
+  if not isinstance(model.distribute_strategy, strategy_lib.RudraStrategy):
+    return
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  if tf_hooks.optimizer_hooks(inner) is None:
+    return
+  keras3_optimizer = tf_hooks.is_keras3_optimizer(inner)
+  if tf_hooks.is_keras3_model(model) != keras3_optimizer:
+    raise _mixing_error(inner, keras3_optimizer, f"model {model.name!r}")
+
+
+def _mixing_error(optimizer, keras3_optimizer, what):
+  name = type(optimizer).__name__
+  if keras3_optimizer:
+    return ValueError(
+        f"A Keras 3 optimizer (keras.optimizers.{name}) cannot train the "
+        f"tf_keras {what}: use tf_keras.optimizers.{name} with a tf_keras "
+        "model, or build the model with Keras 3 (import keras).")
+  return ValueError(
+      f"A tf_keras optimizer ({name}) cannot train the Keras 3 {what}: use "
+      f"keras.optimizers.{name} with a Keras 3 model, or build the model "
+      "with tf_keras.")
