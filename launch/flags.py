@@ -15,6 +15,11 @@ TASK_TYPES = ("chief", "worker", "ps")
 def define_flags():
   """Defines the flags of launch/train.py (and of each task it starts)."""
   flags.DEFINE_string("model", "small_cnn", "Model name (models.MODEL_NAMES).")
+  flags.DEFINE_string("keras", "tf_keras", "The Keras the model is built and "
+                      "trained with: tf_keras (the default, whose fit "
+                      "TensorFlow's own parameter-server strategy runs) or "
+                      "keras3 (Keras 3, import keras: its fit runs through "
+                      "rudra_tf).")
   flags.DEFINE_string("dataset", "fashion_mnist",
                       "fashion_mnist | cifar10 | imagenet2012 | synthetic.")
   flags.DEFINE_string("data_dir", None, "Data folder (Fashion-MNIST IDX files "
@@ -112,6 +117,7 @@ class TrainConfig:
   checkpoint_every_steps: int = None  # also save inside epochs
   checkpoint_every_secs: float = None
   progress_every_s: float = 5.0  # between in-epoch lines; 0: none
+  keras: str = "tf_keras"  # or "keras3" (models.KERAS_NAMES)
 
   def learner_step_time_s(self, learner):
     """The emulated compute time of `learner`'s steps, in seconds."""
@@ -181,10 +187,12 @@ def resolve_kill_tasks(entries, num_learners, num_ps):
 
 def resolve_config(values, num_learners, num_ps):
   """Checks every flag; raises ValueError naming the bad value and the fix."""
-  from models import MODEL_NAMES  # pylint: disable=g-import-not-at-top
+  from models import KERAS_NAMES, MODEL_NAMES  # pylint: disable=g-import-not-at-top
   from rudra_tf import dataset_sources  # pylint: disable=g-import-not-at-top
   _require(values.model in MODEL_NAMES, f"--model={values.model!r} is "
            f"unknown; valid models are {', '.join(MODEL_NAMES)}.")
+  _require(values.keras in KERAS_NAMES, f"--keras={values.keras!r} is "
+           f"unknown; valid values are {', '.join(KERAS_NAMES)}.")
   names = dataset_sources.DATASET_NAMES
   _require(values.dataset in names, f"--dataset={values.dataset!r} "
            f"is unknown; valid datasets are {', '.join(names)}.")
@@ -238,7 +246,7 @@ def resolve_config(values, num_learners, num_ps):
       save_model=resolve_save_model(values.save_model, values.log_dir),
       checkpoint_every_steps=values.checkpoint_every_steps,
       checkpoint_every_secs=values.checkpoint_every_secs,
-      progress_every_s=values.progress_every_s)
+      progress_every_s=values.progress_every_s, keras=values.keras)
 
 
 def resolve_save_model(path, log_dir):
@@ -246,7 +254,7 @@ def resolve_save_model(path, log_dir):
   if path is None:
     return os.path.join(log_dir, "model.keras") if log_dir else None
   _require(path.endswith(".keras"), f"--save_model={path!r} must end in "
-           "'.keras' (tf_keras's own format; it loads without rudra_tf).")
+           "'.keras' (the Keras format; it loads without rudra_tf).")
   _require(not os.path.isdir(path), f"--save_model={path!r} is a folder; "
            "give a file path ending in '.keras'.")
   return path

@@ -127,14 +127,14 @@ def run_chief(config, spec):
   """Trains, evaluates on the test split, writes results; returns them."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tf_keras  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
   from launch import telemetry  # pylint: disable=g-import-not-at-top
   from rudra_tf import checkpointing  # pylint: disable=g-import-not-at-top
   from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
 
-  tf_keras.utils.set_random_seed(config.seed)
+  keras = models.keras_module(config.keras)  # tf_keras or Keras 3
+  keras.utils.set_random_seed(config.seed)
   data = datasets.load_dataset(config.dataset, config.data_dir,
                                config.manual_dir)
   steps_per_epoch = config.steps_per_epoch or math.ceil(
@@ -142,7 +142,8 @@ def run_chief(config, spec):
   print(f"{config.dataset}: {data.train_size} training / {data.test_size} "
         f"test examples; λ={config.num_learners} learners, μ="
         f"{config.minibatch}, {config.protocol}, lr_policy={config.lr_policy},"
-        f" {steps_per_epoch} gradients per epoch", flush=True)
+        f" {steps_per_epoch} gradients per epoch; {config.model} with "
+        f"{config.keras}", flush=True)
   _wait_for_cluster(spec.cluster)
   if os.environ.get(tf_environment.PRINT_DEVICES_VARIABLE):
     # Before the strategy connects: the learners' contexts take it from here.
@@ -155,9 +156,9 @@ def run_chief(config, spec):
           "worker task", flush=True)
   with strategy.scope():
     model = models.build_model(config.model, data.input_shape,
-                               data.num_classes)
+                               data.num_classes, keras=config.keras)
     optimizer = rudra_tf.StalenessAwareOptimizer(
-        tf_keras.optimizers.SGD(config.lr, momentum=config.momentum),
+        keras.optimizers.SGD(config.lr, momentum=config.momentum),
         lr_policy=config.lr_policy)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"],
@@ -205,11 +206,15 @@ def run_chief(config, spec):
   # gradient count, restored with a checkpoint): a resumed run continues
   # every learner's stream instead of starting it again.
   trained_batches = [0] * config.num_learners
-  creator = tf_keras.utils.experimental.DatasetCreator(
-      lambda context: datasets.with_step_time(
-          data.learner_dataset(context, config.minibatch, seed=config.seed)
-          .skip(trained_batches[context.input_pipeline_id]),
-          config.learner_step_time_s(context.input_pipeline_id)))
+  def learner_dataset(context):
+    return datasets.with_step_time(
+        data.learner_dataset(context, config.minibatch, seed=config.seed)
+        .skip(trained_batches[context.input_pipeline_id]),
+        config.learner_step_time_s(context.input_pipeline_id))
+  # tf_keras's fit takes a dataset function as a DatasetCreator; Keras 3's
+  # under RudraStrategy (rudra_tf/keras3_training.py) as it is.
+  creator = (keras.utils.experimental.DatasetCreator(learner_dataset)
+             if config.keras == "tf_keras" else learner_dataset)
   start = time.monotonic()
   try:
     for segment in checkpointing.fit_segments(steps_done, config.epochs,
@@ -227,17 +232,18 @@ def run_chief(config, spec):
 
   # Exact test accuracy on the whole test split, on the chief.
   local_model = models.build_model(config.model, data.input_shape,
-                                   data.num_classes)
+                                   data.num_classes, keras=config.keras)
   local_model.set_weights(model.get_weights())
   # Compiled with the run's inner optimizer, so that the saved model
   # fine-tunes as it was trained.
   local_model.compile(
-      optimizer=tf_keras.optimizers.SGD(config.lr, momentum=config.momentum),
+      optimizer=keras.optimizers.SGD(config.lr, momentum=config.momentum),
       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
   test_loss, test_accuracy = local_model.evaluate(data.test_dataset(1000),
                                                   verbose=0)
   if config.save_model:
-    # The strategy-free copy: it loads anywhere, with no rudra_tf or cluster.
+    # The strategy-free copy: it loads anywhere, with no rudra_tf or cluster
+    # (keras.models.load_model for --keras=keras3, tf_keras's otherwise).
     os.makedirs(os.path.dirname(os.path.abspath(config.save_model)),
                 exist_ok=True)
     local_model.save(config.save_model)

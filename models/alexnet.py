@@ -9,18 +9,19 @@ variant.
 
 import tf_keras
 
-from models.caffe_layers import CaffeLRN
+from models.caffe_layers import layers_for
 
 
-def alexnet(input_shape=(227, 227, 3), num_classes=1000):
-  layers = tf_keras.layers
-  return tf_keras.Sequential([
+def alexnet(input_shape=(227, 227, 3), num_classes=1000, keras=tf_keras):
+  layers = keras.layers
+  lrn = layers_for(keras).CaffeLRN
+  return keras.Sequential([
       layers.Input(input_shape),
       layers.Conv2D(96, 11, strides=4, activation="relu", name="conv1"),
-      CaffeLRN(5, 1e-4, 0.75, region="across_channels", name="norm1"),
+      lrn(5, 1e-4, 0.75, region="across_channels", name="norm1"),
       layers.MaxPool2D(3, 2, name="pool1"),
       layers.Conv2D(256, 5, padding="same", activation="relu", name="conv2"),
-      CaffeLRN(5, 1e-4, 0.75, region="across_channels", name="norm2"),
+      lrn(5, 1e-4, 0.75, region="across_channels", name="norm2"),
       layers.MaxPool2D(3, 2, name="pool2"),
       layers.Conv2D(384, 3, padding="same", activation="relu", name="conv3"),
       layers.Conv2D(384, 3, padding="same", activation="relu", name="conv4"),

@@ -14,7 +14,7 @@ the L2 penalty (d/2)·||w||².
 
 import tf_keras
 
-from models.caffe_layers import CaffeLRN, ScaledBias
+from models.caffe_layers import layers_for
 
 CONV_WEIGHT_DECAY = 0.004
 DENSE_WEIGHT_DECAY = 1.0
@@ -22,31 +22,32 @@ BIAS_LR_MULT = 2.0
 
 
 def cifar10_full(input_shape=(32, 32, 3), num_classes=10,
-                 caffe_multipliers=True):
-  layers = tf_keras.layers
-  normal = tf_keras.initializers.RandomNormal
+                 caffe_multipliers=True, keras=tf_keras):
+  layers = keras.layers
+  normal = keras.initializers.RandomNormal
+  caffe = layers_for(keras)
 
   def regularizer(decay):
-    return tf_keras.regularizers.L2(decay / 2) if caffe_multipliers else None
+    return keras.regularizers.L2(decay / 2) if caffe_multipliers else None
 
   def conv(filters, std, name):
     return [layers.Conv2D(filters, 5, padding="same", use_bias=False,
                           kernel_initializer=normal(stddev=std),
                           kernel_regularizer=regularizer(CONV_WEIGHT_DECAY),
                           name=name),
-            ScaledBias(BIAS_LR_MULT if caffe_multipliers else 1.0,
+            caffe.ScaledBias(BIAS_LR_MULT if caffe_multipliers else 1.0,
                        name=f"{name}_bias")]
 
-  return tf_keras.Sequential([
+  return keras.Sequential([
       layers.Input(input_shape),
       *conv(32, 1e-4, "conv1"),
       layers.MaxPool2D(3, 2, padding="same", name="pool1"),
       layers.ReLU(name="relu1"),
-      CaffeLRN(3, 5e-5, 0.75, name="norm1"),
+      caffe.CaffeLRN(3, 5e-5, 0.75, name="norm1"),
       *conv(32, 0.01, "conv2"),
       layers.ReLU(name="relu2"),
       layers.AveragePooling2D(3, 2, padding="same", name="pool2"),
-      CaffeLRN(3, 5e-5, 0.75, name="norm2"),
+      caffe.CaffeLRN(3, 5e-5, 0.75, name="norm2"),
       *conv(64, 0.01, "conv3"),
       layers.ReLU(name="relu3"),
       layers.AveragePooling2D(3, 2, padding="same", name="pool3"),
@@ -55,6 +56,6 @@ def cifar10_full(input_shape=(32, 32, 3), num_classes=10,
                    kernel_initializer=normal(stddev=0.01),
                    kernel_regularizer=regularizer(DENSE_WEIGHT_DECAY),
                    name="ip1"),
-      ScaledBias(BIAS_LR_MULT if caffe_multipliers else 1.0, name="ip1_bias"),
+      caffe.ScaledBias(BIAS_LR_MULT if caffe_multipliers else 1.0, name="ip1_bias"),
       layers.Softmax(name="prob"),
   ], name="cifar10_full")

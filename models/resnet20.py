@@ -6,31 +6,45 @@ shortcuts with zero-padded channels when the shape changes (option A):
 gives 0.27M).
 """
 
+import functools
+
 import tensorflow as tf
 import tf_keras
 
 
-@tf_keras.utils.register_keras_serializable(package="rudra_models")
-class PaddedShortcut(tf_keras.layers.Layer):
-  """Option-A shortcut: subsample by 2 and zero-pad the new channels."""
+@functools.lru_cache(maxsize=None)
+def shortcut_for(keras):
+  """PaddedShortcut subclassing `keras` (tf_keras or Keras 3), registered
+  with it as rudra_models>PaddedShortcut."""
 
-  def __init__(self, extra_channels, **kwargs):
-    super().__init__(**kwargs)
-    self.extra_channels = extra_channels
+  class PaddedShortcut(keras.layers.Layer):
+    """Option-A shortcut: subsample by 2 and zero-pad the new channels."""
 
-  def call(self, inputs):
-    subsampled = inputs[:, ::2, ::2, :]
-    half = self.extra_channels // 2
-    return tf.pad(subsampled, [[0, 0], [0, 0], [0, 0],
-                               [half, self.extra_channels - half]])
+    def __init__(self, extra_channels, **kwargs):
+      super().__init__(**kwargs)
+      self.extra_channels = extra_channels
 
-  def get_config(self):
-    return {**super().get_config(), "extra_channels": self.extra_channels}
+    def call(self, inputs):
+      subsampled = inputs[:, ::2, ::2, :]
+      half = self.extra_channels // 2
+      return tf.pad(subsampled, [[0, 0], [0, 0], [0, 0],
+                                 [half, self.extra_channels - half]])
+
+    def get_config(self):
+      return {**super().get_config(), "extra_channels": self.extra_channels}
+
+  return keras.saving.register_keras_serializable(package="rudra_models")(
+      PaddedShortcut)
 
 
-def resnet20(input_shape=(32, 32, 3), num_classes=10, blocks_per_stage=3):
-  layers = tf_keras.layers
-  regularizer = tf_keras.regularizers.L2(1e-4)
+PaddedShortcut = shortcut_for(tf_keras)
+
+
+def resnet20(input_shape=(32, 32, 3), num_classes=10, blocks_per_stage=3,
+             keras=tf_keras):
+  layers = keras.layers
+  regularizer = keras.regularizers.L2(1e-4)
+  padded_shortcut = shortcut_for(keras)
 
   def conv_bn(x, filters, strides=1):
     x = layers.Conv2D(filters, 3, strides=strides, padding="same",
@@ -45,11 +59,11 @@ def resnet20(input_shape=(32, 32, 3), num_classes=10, blocks_per_stage=3):
       strides = 2 if stage > 0 and block == 0 else 1
       shortcut = x
       if strides != 1:
-        shortcut = PaddedShortcut(filters - x.shape[-1])(x)
+        shortcut = padded_shortcut(filters - x.shape[-1])(x)
       y = layers.ReLU()(conv_bn(x, filters, strides))
       y = conv_bn(y, filters)
       x = layers.ReLU()(layers.Add()([y, shortcut]))
   x = layers.GlobalAveragePooling2D()(x)
   outputs = layers.Dense(num_classes, activation="softmax",
                          kernel_regularizer=regularizer)(x)
-  return tf_keras.Model(inputs, outputs, name="resnet20")
+  return keras.Model(inputs, outputs, name="resnet20")

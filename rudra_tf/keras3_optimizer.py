@@ -7,6 +7,8 @@ update on the shards, the saved state) is `shard_updates.ShardUpdates`,
 shared with the tf_keras wrapper.
 """
 
+import contextlib
+
 from absl import logging
 import keras
 import tensorflow as tf
@@ -125,7 +127,11 @@ class Keras3StalenessAwareOptimizer(keras.optimizers.Optimizer):
     # The shards are built with the slots, so that a restore before the
     # first step finds them; an attribute the checkpoint tracks.
     if not self.built:
-      shards = self._updates.build(variables)
+      # Keras 3 places slots with the strategy's colocate_vars_with, which
+      # needs its scope (a restored checkpoint's caller may be outside).
+      with (contextlib.nullcontext() if tf.distribute.has_strategy() else
+            self._updates.strategy.scope()):
+        shards = self._updates.build(variables)
       self._rudra_shards = list(shards)
       self.built = True
 

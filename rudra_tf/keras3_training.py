@@ -30,7 +30,10 @@ Limitations (as tf_keras's fit under a parameter-server strategy):
 batch-level callbacks are refused in fit (ModelCheckpoint with an integer
 save_freq, TensorBoard with update_freq other than "epoch" or profiling,
 any callback with its own on_*_batch_* hooks): a learner's batch ends on a
-remote task; `verbose` prints one line per epoch. `train_on_batch` and
+remote task. Those that take remote values as logs (tf_keras's
+`_supports_tf_logs`, as rudra_tf.PeriodicCheckpoint) are called as each
+closure is scheduled, with its remote value. `verbose` prints one line per
+epoch. `train_on_batch` and
 `test_on_batch` run on the chief, which is no learner: they are Keras 3's
 own and fail under RudraStrategy.
 """
@@ -71,9 +74,17 @@ def _uses_batch_hooks(callback):
              for hook in _BATCH_HOOKS)
 
 
+def _takes_remote_logs(callback):
+  """A callback whose batch hooks take a step's remote value as its logs
+  (tf_keras's convention under a parameter-server strategy, which
+  rudra_tf.PeriodicCheckpoint follows): fit calls them as it schedules."""
+  return tf_hooks.accepts_remote_logs(callback)
+
+
 def refuse_batch_level_callbacks(callbacks):
   batch_level = [callback for callback in callbacks or ()
-                 if _uses_batch_hooks(callback)]
+                 if _uses_batch_hooks(callback) and
+                 not _takes_remote_logs(callback)]
   if batch_level:
     raise ValueError(
         "Batch-level callbacks are not supported in fit under "
@@ -131,7 +142,8 @@ class _ScheduledSteps:
 
       def steps(iterator):
         for _ in range(count):  # unrolled: each step pushes its gradient
-          strategy.run(model.train_step, args=(next(iterator),))
+          outputs = strategy.run(model.train_step, args=(next(iterator),))
+        return outputs  # the last step's metrics: a value to wait on
       self._functions[count] = tf.function(steps)
     return self._functions[count]
 
@@ -171,6 +183,8 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
   per_closure = int(model.steps_per_execution)
   callbacks = _callback_list(model, callbacks, verbose, epochs, steps,
                              history=True)
+  remote_logs_callbacks = [callback for callback in callbacks.callbacks
+                           if _takes_remote_logs(callback)]
   model.stop_training = False
   callbacks.on_train_begin()
   training_logs = None
@@ -179,7 +193,14 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
     callbacks.on_epoch_begin(epoch)
     for first in range(0, steps, per_closure):
       count = min(per_closure, steps - first)
-      coordinator.schedule(scheduled.function(count), args=(iterator,))
+      for callback in remote_logs_callbacks:
+        callback.on_train_batch_begin(first)
+      remote = coordinator.schedule(scheduled.function(count),
+                                    args=(iterator,))
+      for callback in remote_logs_callbacks:
+        callback.on_train_batch_end(first + count - 1, remote)
+      if model.stop_training:
+        break
     coordinator.join()
     epoch_logs = _metric_logs(model)
     if validation_data is not None and (

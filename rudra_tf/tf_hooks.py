@@ -426,6 +426,11 @@ def keras_callback_overrides(callback, hook):
   return method is not None and not getattr(method, "_is_default", False)
 
 
+def accepts_remote_logs(callback):
+  """tf_keras's mark on a callback whose batch hooks take remote values."""
+  return bool(getattr(callback, "_supports_tf_logs", False))
+
+
 def keras3_tensorboard_profiles(callback):
   """Whether a Keras 3 TensorBoard callback profiles a batch."""
   return callback._start_batch > 0

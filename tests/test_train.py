@@ -1,5 +1,6 @@
 """launch/train.py as a command: one-line errors before any server, flags a
-deploy refuses, resuming from --checkpoint_dir, a diverging run."""
+deploy refuses, resuming from --checkpoint_dir, a diverging run, a Keras 3
+model (--keras=keras3)."""
 
 import json
 import socket
@@ -81,3 +82,39 @@ def test_a_diverging_run_stops_after_the_epoch_and_says_so(tmp_path):
   assert saved["epochs"][0]["loss"] is None  # NaN, written as null
   assert saved["gradients"] == 6  # epochs 2 and 3 never ran
   assert (tmp_path / "logs" / "run.png").exists()
+
+
+def test_keras3_runs_resumes_and_saves_a_keras3_model(tmp_path):
+  # --keras=keras3: the same job with a Keras 3 model (its fit through
+  # rudra_tf), resumed from its checkpoint, saved as a Keras 3 model.
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  checkpoints, results = tmp_path / "ckpt", tmp_path / "results.json"
+  model_path = tmp_path / "model.keras"
+  common = SMALL_JOB[:-3] + ["--steps_per_epoch=12", "--minibatch=8",
+                             "--keras=keras3",
+                             f"--checkpoint_dir={checkpoints}",
+                             f"--results={results}",
+                             f"--save_model={model_path}"]
+  first = launch(common + ["--epochs=1"])
+  out, _ = first.communicate(timeout=300)
+  assert first.returncode == 0, out
+  assert "mlp with keras3" in out
+  assert json.loads(results.read_text())["gradients"] == 12
+  second = launch(common + ["--epochs=2"])
+  out, _ = second.communicate(timeout=300)
+  assert second.returncode == 0, out
+  assert "resumed from" in out and "after epoch 1" in out
+  saved = json.loads(results.read_text())
+  assert saved["gradients"] == 24 and saved["updates"] == 24
+  assert saved["config"]["keras"] == "keras3"
+  served = keras.models.load_model(model_path)
+  assert isinstance(served, keras.Model)
+  probabilities = served.predict(np.zeros((2,) + served.input_shape[1:],
+                                          "float32"), verbose=0)
+  np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+  bad = launch(SMALL_JOB + ["--keras=keras2"])
+  out, _ = bad.communicate(timeout=60)
+  assert bad.returncode == 2
+  assert out.strip().splitlines()[-1] == (
+      "error: --keras='keras2' is unknown; valid values are tf_keras, keras3.")
