@@ -76,11 +76,10 @@ def make_strategy(name, protocol, consistent_pulls):
 class EpochTimer:
   """Wall time of each epoch, and the Rudra counters at its ends."""
 
-  def __init__(self, strategy):
-    import tf_keras  # pylint: disable=g-import-not-at-top
+  def __init__(self, strategy, keras):
     timer = self
 
-    class Callback(tf_keras.callbacks.Callback):
+    class Callback(keras.callbacks.Callback):
 
       def on_epoch_begin(self, epoch, logs=None):
         timer.begin[epoch] = (time.monotonic(), timer.counters())
@@ -102,11 +101,11 @@ class EpochTimer:
 
 def train(config):
   """Fits two epochs; returns the timed epoch's figures (chief only)."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
   from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
-  tf_keras.utils.set_random_seed(config.seed)
+  keras = models.keras_module(config.keras)  # tf_keras or Keras 3
+  keras.utils.set_random_seed(config.seed)
   data = datasets.load_dataset(config.dataset, config.data_dir)
   strategy = make_strategy(FLAGS.strategy, config.protocol,
                            FLAGS.consistent_pulls)
@@ -117,14 +116,14 @@ def train(config):
                                     data.num_classes)
     else:
       model = models.build_model(config.model, data.input_shape,
-                                 data.num_classes)
-    optimizer = tf_keras.optimizers.SGD(config.lr, momentum=config.momentum)
+                                 data.num_classes, keras=config.keras)
+    optimizer = keras.optimizers.SGD(config.lr, momentum=config.momentum)
     if FLAGS.strategy == "rudra":
       optimizer = rudra_tf.StalenessAwareOptimizer(
           optimizer, lr_policy=config.lr_policy)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   steps_per_execution=config.steps_per_execution)
-  timer = EpochTimer(strategy)
+  timer = EpochTimer(strategy, keras)
 
   def dataset_fn(context):
     learner = context.input_pipeline_id if context else 0
@@ -133,8 +132,12 @@ def train(config):
         config.learner_step_time_s(learner))
 
   steps = config.steps_per_epoch
-  model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2,
-            steps_per_epoch=steps, verbose=0, callbacks=[timer.callback])
+  # tf_keras's fit takes a dataset function as a DatasetCreator; Keras 3's
+  # (rudra_tf's, under RudraStrategy) as it is.
+  data_source = (keras.utils.experimental.DatasetCreator(dataset_fn)
+                 if config.keras == "tf_keras" else dataset_fn)
+  model.fit(data_source, epochs=2, steps_per_epoch=steps, verbose=0,
+            callbacks=[timer.callback])
   seconds = timer.end[1][0] - timer.begin[1][0]
   learners = config.num_learners
   if FLAGS.strategy == "rudra":

@@ -13,7 +13,10 @@ where there is one), one after the other in this one run:
 * multi_worker_mirrored: MultiWorkerMirroredStrategy (synchronous
   all-reduce; λ learners are the chief and λ-1 workers);
 * rudra:<protocol>[:fast]: RudraStrategy; ":fast" runs 20 steps per scheduled
-  closure (steps_per_execution) and pulls without the shard lock.
+  closure (steps_per_execution) and pulls without the shard lock;
+* rudra:<protocol>:keras3: RudraStrategy training the model built with
+  Keras 3 (its fit through rudra_tf/keras3_training.py), beside the same
+  protocol with tf_keras (every other contender).
 
 Each run trains two epochs of --steps_per_epoch steps and times the second.
 Figures: updates/s, pushes/s (gradients computed and sent), examples/s, the
@@ -42,7 +45,10 @@ from launch import reports
 CONTENDERS = ("single", "parameter_server", "parameter_server:fast",
               "multi_worker_mirrored",
               "rudra:hardsync", "rudra:1-softsync", "rudra:2-softsync",
-              "rudra:async", "rudra:async:fast")
+              "rudra:async", "rudra:async:fast",
+              # The same model built and trained with Keras 3.
+              "rudra:hardsync:keras3", "rudra:2-softsync:keras3",
+              "rudra:async:keras3")
 FAST_STEPS_PER_EXECUTION = 20
 
 FLAGS = flags.FLAGS
@@ -63,7 +69,7 @@ def applicable(contender, num_learners, straggler):
     return num_learners >= 2
   if contender.startswith("parameter_server"):
     return not straggler  # one input pipeline for all: no per-learner delay
-  protocol = contender.split(":")[1]  # rudra:<protocol>[:fast]
+  protocol = contender.split(":")[1]  # rudra:<protocol>[:fast|:keras3]
   if protocol.endswith("-softsync"):
     return int(protocol.split("-")[0]) < num_learners  # n = λ is async
   return protocol != "hardsync" or num_learners > 1
@@ -77,6 +83,8 @@ def task_command(contender, model, num_learners, out, straggler):
              f"--steps_per_epoch={FLAGS.steps_per_epoch}", f"--out={out}",
              "--lr=0.01", "--lr_policy=none"]
   command.append(f"--protocol={parts[1] if parts[0] == 'rudra' else 'async'}")
+  if parts[-1] == "keras3":
+    command.append("--keras=keras3")
   if parts[-1] == "fast":
     command.append(f"--steps_per_execution={FAST_STEPS_PER_EXECUTION}")
     if parts[0] == "rudra":
@@ -112,7 +120,8 @@ def add_ratios(rows):
 
   `vs_parameter_server` and `vs_single` divide examples/s, and so pushes/s
   (every contender has the same μ); `updates_vs_parameter_server` and
-  `updates_vs_single` divide updates/s.
+  `updates_vs_single` divide updates/s; `vs_tf_keras` (a Keras 3 row)
+  divides its examples/s by the same protocol's with tf_keras.
   """
   def find(contender, model, learners, straggler):
     for row in rows:
@@ -121,6 +130,12 @@ def add_ratios(rows):
         return row
     return None
   for row in rows:
+    tf_keras_row = (find(row["contender"][:-len(":keras3")], row["model"],
+                         row["learners"], row["straggler"])
+                    if row["contender"].endswith(":keras3") else None)
+    row["vs_tf_keras"] = (row["examples_per_s"] /
+                          tf_keras_row["examples_per_s"]) if tf_keras_row \
+        else None
     stock = find("parameter_server", row["model"], row["learners"],
                  row["straggler"])
     single = find("single", row["model"], 1, "")
@@ -145,9 +160,10 @@ def _cpu_cores(cores):
 
 def markdown(rows):
   lines = ["| model | λ | straggler (ms) | contender | updates/s | pushes/s | "
-           "examples/s | vs stock PS | vs single | updates/s vs stock PS / "
-           "single | σ mean | CPU cores (chief / worker / ps = all) | CPU ms "
-           "per push | memory MB (chief / worker / ps) |", "|---" * 14 + "|"]
+           "examples/s | vs stock PS | vs single | vs tf_keras | updates/s "
+           "vs stock PS / single | σ mean | CPU cores (chief / worker / ps = "
+           "all) | CPU ms per push | memory MB (chief / worker / ps) |",
+           "|---" * 15 + "|"]
   for row in rows:
     memory = row["memory_mb"]
     lines.append(
@@ -156,6 +172,7 @@ def markdown(rows):
         f"{row['pushes_per_s']:.1f} | {row['examples_per_s']:.0f} | "
         f"{results.format_figure(row['vs_parameter_server'], '.2f')} | "
         f"{results.format_figure(row['vs_single'], '.2f')} | "
+        f"{results.format_figure(row.get('vs_tf_keras'), '.2f')} | "
         f"{results.format_figure(row['updates_vs_parameter_server'], '.2f')}"
         f" / {results.format_figure(row['updates_vs_single'], '.2f')} | "
         f"{results.format_figure(row['staleness_mean'], '.2f')} | "

@@ -21,13 +21,14 @@ def test_contenders_that_apply_at_each_lambda():
             if throughput.applicable(c, num_learners, straggler)]
   # λ = 1: every Rudra protocol is async (c = 1); no all-reduce peer.
   assert names(1) == ["single", "parameter_server", "parameter_server:fast",
-                      "rudra:async", "rudra:async:fast"]
+                      "rudra:async", "rudra:async:fast", "rudra:async:keras3"]
   # λ = 2: 2-softsync is async.
   assert names(2) == ["parameter_server", "parameter_server:fast",
                       "multi_worker_mirrored",
                       "rudra:hardsync", "rudra:1-softsync", "rudra:async",
-                      "rudra:async:fast"]
-  assert "rudra:2-softsync" in names(4)
+                      "rudra:async:fast", "rudra:hardsync:keras3",
+                      "rudra:async:keras3"]
+  assert {"rudra:2-softsync", "rudra:2-softsync:keras3"} <= set(names(4))
   # A straggler needs per-learner input pipelines (stock PS has one).
   assert not any(name.startswith("parameter_server")
                  for name in names(4, ("600", "150")))
@@ -44,8 +45,16 @@ def test_ratios_against_stock_ps_and_single_process():
       {"contender": "rudra:hardsync", "model": "m", "learners": 2,
        "straggler": "", "examples_per_s": 500.0, "updates_per_s": 10.0},
       {"contender": "rudra:async", "model": "m", "learners": 2,
-       "straggler": "600,150", "examples_per_s": 300.0, "updates_per_s": 12.0}]
+       "straggler": "600,150", "examples_per_s": 300.0, "updates_per_s": 12.0},
+      {"contender": "rudra:hardsync:keras3", "model": "m", "learners": 2,
+       "straggler": "", "examples_per_s": 450.0, "updates_per_s": 9.0}]
   throughput.add_ratios(rows)
+  # Keras 3 beside the same protocol with tf_keras: 450 / 500.
+  assert rows[4]["vs_tf_keras"] == 0.9
+  assert rows[2]["vs_tf_keras"] is None
+  assert "| 0.90 |" in throughput.markdown(
+      [dict(row, pushes_per_s=1.0, staleness_mean=0.0, cpu_ms_per_push=1.0,
+            cpu_cores={"total": 1.0}, memory_mb={}) for row in rows[4:]])
   assert rows[2]["vs_parameter_server"] == 1.25
   assert rows[2]["vs_single"] == 0.5
   # hardsync: λ = 2 gradients per update.
