@@ -60,9 +60,7 @@ class Keras3StalenessAwareOptimizer(keras.optimizers.Optimizer):
   """
 
   def __init__(self, optimizer, lr_policy=protocol_lib.LR_NONE,
-               name="StalenessAwareOptimizer", **kwargs):
-    # Keras 3's from_config hands back base-class keys; none applies here.
-    del kwargs
+               name="StalenessAwareOptimizer"):
     strategy = shard_updates.current_rudra_strategy(
         "keras.models.load_model")
     # Imported here: the tf_keras wrapper imports this module.

@@ -80,6 +80,20 @@ def test_divide_by_staleness_by_hand():
   assert_invariants(result["report"])
 
 
+def test_max_staleness_drops_and_counts_as_on_tf_keras():
+  # async, λ = 3, max_staleness 1, lr_policy none: each accepted gradient
+  # moves w by -0.1, each dropped one (σ > 1) not at all.
+  result = run_in_fresh_process(linear_fit, num_learners=3, protocol="async",
+                                lr_policy="none", steps=36, max_staleness=1)
+  report = result["report"]
+  assert report["gradients"] == 36
+  assert report["dropped"] == report["histogram"][2:].sum()
+  accepted = 36 - report["dropped"]
+  assert report["timestamp"] == accepted
+  assert result["kernel"] == pytest.approx(-0.1 * accepted, rel=1e-5)
+  assert_invariants(report)
+
+
 def test_a_schedule_is_multiplied_by_the_policy():
   # async, λ = 2, divide_by_n (m = 1/2); Keras 3's PiecewiseConstantDecay
   # at the shard's timestamp t: 0.1 for t <= 4, 0.05 for t <= 8, then
@@ -261,14 +275,15 @@ def hardsync_fit_and_big_batch_sgd():
 
 
 def linear_fit(num_learners, protocol, lr_policy, steps, schedule=None,
-               epoch_learning_rates=None):
+               epoch_learning_rates=None, max_staleness=None):
   """Keras 3's linear_updates (tests/cluster_fixtures.py): loss =
   mean(w·x + b) with x = 1, so every gradient is exactly 1."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
   cluster = rudra_tf.LocalCluster(num_ps=1, num_learners=num_learners)
-  strategy = rudra_tf.RudraStrategy(cluster.resolver, protocol=protocol)
+  strategy = rudra_tf.RudraStrategy(cluster.resolver, protocol=protocol,
+                                    max_staleness=max_staleness)
   learning_rate = 0.1
   if schedule is not None:
     learning_rate = keras.optimizers.schedules.PiecewiseConstantDecay(
