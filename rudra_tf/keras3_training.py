@@ -24,6 +24,10 @@ Keras 3's own):
 
 Every learner step pushes exactly one gradient (nothing is accumulated on
 a learner), so the protocols count gradients as under tf_keras's fit. The
+metrics live on the ps tasks and every learner adds to them: Keras 3's
+read-then-write `assign_add` is made one atomic update there
+(tf_hooks.install_keras3_atomic_accumulation), so no learner's count is
+lost. The
 input kinds are rudra_tf/keras3_inputs.py's.
 
 Limitations (as tf_keras's fit under a parameter-server strategy):
@@ -55,9 +59,14 @@ def _is_rudra(model):
 
 
 def install():
-  """Routes Keras 3's fit/evaluate/predict here for RudraStrategy models."""
+  """Routes Keras 3's fit/evaluate/predict here for RudraStrategy models,
+  and makes their metrics' accumulations atomic on the ps tasks."""
+  from rudra_tf import variables as variables_lib  # pylint: disable=g-import-not-at-top
   tf_hooks.install_keras3_training(applies=_is_rudra, fit=fit,
                                    evaluate=evaluate, predict=predict)
+  tf_hooks.install_keras3_atomic_accumulation(
+      applies=lambda tf_variable: isinstance(tf_variable,
+                                             variables_lib.RudraVariable))
 
 
 def _uses_batch_hooks(callback):

@@ -395,6 +395,35 @@ def is_keras3_model(model):
           isinstance(model, keras.Model))
 
 
+def install_keras3_atomic_accumulation(applies):
+  """Makes a Keras 3 Variable's assign_add / assign_sub one atomic update
+  of its tf.Variable where `applies(tf_variable)`.
+
+  Keras 3 writes them as `assign(self + value)`: a read, then a write. A
+  metric's total on a ps task, updated by several learners at once, then
+  loses the updates that land between another learner's read and write
+  (measured: 320 of 480 rows counted with 3 learners). tf_keras's are
+  the tf.Variable's own atomic ops. Idempotent."""
+  core = importlib.import_module("keras.src.backend.tensorflow.core")
+  stateless = importlib.import_module("keras.src.backend.common."
+                                      "stateless_scope")
+  for name, atomic_name in (("assign_add", "assign_add"),
+                            ("assign_sub", "assign_sub")):
+    original = getattr(core.Variable, name)
+    original = getattr(original, "_rudra_original", original)
+
+    def accumulate(variable, value, _original=original,
+                   _atomic_name=atomic_name):
+      tf_variable = variable._value
+      if stateless.in_stateless_scope() or not applies(tf_variable):
+        return _original(variable, value)
+      return getattr(tf_variable, _atomic_name)(
+          tf.cast(value, tf_variable.dtype))
+    accumulate._rudra_original = original  # pylint: disable=protected-access
+    functools.update_wrapper(accumulate, original)
+    setattr(core.Variable, name, accumulate)
+
+
 def keras3_routed_methods():
   """{name: (the method now, Keras 3's own)} of the routed trainer."""
   trainer = importlib.import_module(_KERAS3_TRAINER).TensorFlowTrainer

@@ -105,6 +105,17 @@ def test_a_schedule_is_multiplied_by_the_policy():
   assert result["kernel"] == pytest.approx(-0.42, rel=1e-6)
 
 
+def test_metrics_count_every_learners_rows():
+  # λ = 3, 2 epochs of 60 steps of μ = 8: a metric counting rows counts 480
+  # each epoch, and the loss tracker's count as many. Keras 3's
+  # read-then-write assign_add lost a third of them (320) until it was made
+  # atomic on the ps (tf_hooks.install_keras3_atomic_accumulation).
+  result = run_in_fresh_process(counted_rows)
+  assert result["rows"] == [480.0, 480.0]
+  assert result["loss_tracker_count"] == 480.0
+  assert result["gradients"] == 120
+
+
 def test_every_input_kind_and_steps_per_execution():
   result = run_in_fresh_process(input_kinds)
   # arrays: ceil(100 / 8) = 13 steps by default; a repeated dataset and a
@@ -307,6 +318,39 @@ def linear_fit(num_learners, protocol, lr_policy, steps, schedule=None,
   return {"kernel": float(kernel[0, 0]), "bias": float(bias[0]),
           "logged_rates": history.history.get("learning_rate"),
           "report": _report(strategy)}
+
+
+def counted_rows():
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import rudra_tf  # pylint: disable=g-import-not-at-top
+
+  class Rows(keras.metrics.Metric):
+    def __init__(self, name="rows", **kwargs):
+      super().__init__(name=name, **kwargs)
+      self.rows = self.add_variable(shape=(), initializer="zeros",
+                                    name="rows")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+      self.rows.assign_add(tf.cast(tf.shape(y_true)[0], "float32"))
+
+    def result(self):
+      return self.rows
+
+  cluster = rudra_tf.LocalCluster(num_ps=1, num_learners=3)
+  strategy = rudra_tf.RudraStrategy(cluster.resolver, protocol="async")
+  with strategy.scope():
+    model = _classifier(keras)
+    model.compile(rudra_tf.StalenessAwareOptimizer(keras.optimizers.SGD(0.01)),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[Rows()])
+  x, y = _data(rows=512)
+  history = model.fit(x, y, batch_size=MINIBATCH, steps_per_epoch=60,
+                      epochs=2, verbose=0)
+  tracker = [v for v in model.metrics_variables if "count" in v.path]
+  return {"rows": history.history["rows"],
+          "loss_tracker_count": float(tracker[0].numpy()),
+          "gradients": strategy.staleness_report().gradients}
 
 
 def input_kinds():

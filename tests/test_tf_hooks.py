@@ -781,3 +781,28 @@ def test_compile_check_runs_in_both_kerases():
     assert seen == [("keras", "sgd"), ("tf_keras", "adam")]
   finally:
     trainer.Trainer.compile, training.Model.compile = originals
+
+
+def test_keras3_accumulation_is_made_atomic_where_asked():
+  # Keras 3 adds by reading and then writing; on a ps variable several
+  # learners then lose updates, so the hook calls the tf.Variable's own
+  # assign_add / assign_sub for the variables `applies` names.
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras.src.backend.common import variables as common  # pylint: disable=g-import-not-at-top
+  from keras.src.backend.tensorflow import core  # pylint: disable=g-import-not-at-top
+  assert "self.assign(self + value)" in inspect.getsource(
+      common.Variable.assign_add)
+  originals = (core.Variable.assign_add, core.Variable.assign_sub)
+  atomic = []
+  tf_hooks.install_keras3_atomic_accumulation(
+      applies=lambda tf_variable: atomic.append(tf_variable.name) or
+      tf_variable.name.startswith("chosen"))
+  try:
+    chosen, other = keras.Variable(1.0, name="chosen"), keras.Variable(1.0)
+    chosen.assign_add(2.0)
+    chosen.assign_sub(0.5)
+    other.assign_add(2.0)
+    assert float(chosen.numpy()) == 2.5 and float(other.numpy()) == 3.0
+    assert len(atomic) == 3
+  finally:
+    core.Variable.assign_add, core.Variable.assign_sub = originals
