@@ -85,13 +85,26 @@ def tf_config_for(cluster, task_type, task_index):
                      "task": {"type": task_type, "index": task_index}})
 
 
-def port_open(address, timeout=0.5):
+# What probe_port finds at an address.
+PORT_OPEN = "open"
+PORT_REFUSED = "refused"  # the host answered: nothing listens there
+PORT_UNREACHABLE = "unreachable"  # no answer: the network, or no such host
+
+
+def probe_port(address, timeout=0.5):
+  """PORT_OPEN, PORT_REFUSED or PORT_UNREACHABLE for "host:port"."""
   host, port = address.rsplit(":", 1)
   try:
     with socket.create_connection((host, int(port)), timeout=timeout):
-      return True
+      return PORT_OPEN
+  except ConnectionRefusedError:
+    return PORT_REFUSED
   except OSError:
-    return False
+    return PORT_UNREACHABLE
+
+
+def port_open(address, timeout=0.5):
+  return probe_port(address, timeout) == PORT_OPEN
 
 
 def _die_with_parent():

@@ -33,14 +33,20 @@ from launch import checkpoints
 from launch import flags as launch_flags
 from launch import gpus
 from launch import local_cluster
+from launch import ps_watchdog
 
 launch_flags.define_flags()
 FLAGS = flags.FLAGS
 
 # A ps or worker task waits this long for the chief to appear, and exits
-# once the chief's port stayed closed for CHIEF_GONE_CHECKS checks.
+# once the chief's host refused its port for CHIEF_GONE_CHECKS checks in a
+# row (the chief finished). A chief that does not answer at all is a
+# network fault, not an end: the task keeps serving (the chief's
+# coordinator takes it back once the network does) and gives up after
+# CHIEF_UNREACHABLE_TIMEOUT_S without an answer.
 CHIEF_WAIT_TIMEOUT_S = 900
 CHIEF_GONE_CHECKS = 3
+CHIEF_UNREACHABLE_TIMEOUT_S = 900
 # The chief waits this long for every ps and worker port to open.
 CLUSTER_WAIT_TIMEOUT_S = 300
 
@@ -76,16 +82,25 @@ def serve(spec):
           f"{[d.name for d in tf.config.list_logical_devices('GPU')]}",
           flush=True)
   chief = spec.cluster["chief"][0]
-  seen, misses, started = False, 0, time.monotonic()
+  seen, refusals = False, 0
+  started = last_answer = time.monotonic()
   while True:
-    if local_cluster.port_open(chief):
-      seen, misses = True, 0
-    elif seen:
-      misses += 1
-      if misses >= CHIEF_GONE_CHECKS:
+    found = local_cluster.probe_port(chief)
+    now = time.monotonic()
+    if found != local_cluster.PORT_UNREACHABLE:
+      last_answer = now
+    if found == local_cluster.PORT_OPEN:
+      seen, refusals = True, 0
+    elif seen and found == local_cluster.PORT_REFUSED:
+      refusals += 1
+      if refusals >= CHIEF_GONE_CHECKS:
         print("chief finished; exiting", flush=True)
         return 0
-    elif time.monotonic() - started > CHIEF_WAIT_TIMEOUT_S:
+    elif seen and now - last_answer > CHIEF_UNREACHABLE_TIMEOUT_S:
+      print(f"error: chief {chief} unreachable for "
+            f"{CHIEF_UNREACHABLE_TIMEOUT_S} s; exiting", flush=True)
+      return 1
+    elif not seen and now - started > CHIEF_WAIT_TIMEOUT_S:
       print(f"error: chief {chief} never appeared", flush=True)
       return 1
     time.sleep(1)
@@ -114,6 +129,15 @@ class ParameterServerLostError(RuntimeError):
         f"parameter-server task {', '.join(tasks) or '(unknown)'} became "
         "unreachable during training; run the same command again with the "
         "same --checkpoint_dir to resume from the last checkpoint.")
+
+
+def _exit_on_lost_ps(tasks):
+  """The ps watchdog's verdict: a ps host stopped answering. The chief's
+  own RPCs to it wait without a deadline, so it exits from here, with the
+  code of a lost ps task (3) and the same message."""
+  _fail(str(ParameterServerLostError(tasks)))
+  sys.stdout.flush()
+  os._exit(3)  # pylint: disable=protected-access
 
 
 def _lost_ps_tasks(error):
@@ -216,6 +240,8 @@ def run_chief(config, spec):
   creator = (keras.utils.experimental.DatasetCreator(learner_dataset)
              if config.keras == "tf_keras" else learner_dataset)
   start = time.monotonic()
+  watchdog = ps_watchdog.PsWatchdog(
+      spec.cluster["ps"], on_lost=_exit_on_lost_ps).start()
   try:
     for segment in checkpointing.fit_segments(steps_done, config.epochs,
                                               steps_per_epoch):
@@ -227,6 +253,7 @@ def run_chief(config, spec):
   except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
     raise ParameterServerLostError(_lost_ps_tasks(error)) from error
   finally:
+    watchdog.stop()
     progress.close()  # no in-epoch lines after a failed fit
   wall_time_s = time.monotonic() - start
 
