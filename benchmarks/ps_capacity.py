@@ -27,6 +27,9 @@ from launch import reports
 
 FLAGS = flags.FLAGS
 STEPS_PER_EXECUTION = 20
+# On rate-limited links a step takes seconds, not milliseconds: fewer steps
+# per closure keep every learner busy within a short timed epoch.
+LINK_STEPS_PER_EXECUTION = 2
 
 
 def steps_for(size_mb, pushes):
@@ -36,28 +39,80 @@ def steps_for(size_mb, pushes):
              STEPS_PER_EXECUTION)
 
 
+def steps_on_links(bound_pushes_per_s, timed_s, per_closure):
+  """Timed pushes that take about `timed_s` at the network bound (whole
+  closures, at least two per learner)."""
+  steps = int(bound_pushes_per_s * timed_s) // per_closure * per_closure
+  return max(2 * FLAGS.num_learners * per_closure, steps)
+
+
 def run_point(size_mb, num_ps, out):
-  steps = steps_for(size_mb, FLAGS.pushes)
+  bound = network_bound(num_ps, FLAGS.num_learners, FLAGS.link_mbit, size_mb)
+  if bound:
+    per_closure = LINK_STEPS_PER_EXECUTION
+    steps = steps_on_links(bound, FLAGS.timed_s, per_closure)
+  else:
+    per_closure = STEPS_PER_EXECUTION
+    steps = steps_for(size_mb, FLAGS.pushes)
   command = [sys.executable, "-m", "benchmarks.task", "--strategy=rudra",
              "--protocol=async", "--lr_policy=none", "--lr=0.01",
              "--dataset=synthetic", "--minibatch=4", f"--blob_mb={size_mb}",
              f"--steps_per_epoch={steps}",
-             f"--steps_per_execution={STEPS_PER_EXECUTION}",
+             f"--steps_per_execution={per_closure}",
              "--noconsistent_pulls", f"--out={out}"]
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  code = local_cluster.LocalProcessCluster(
-      command, num_learners=FLAGS.num_learners, num_ps=num_ps,
-      environment=dict(os.environ, PYTHONPATH=repo)).run()
+  if FLAGS.link_mbit:
+    code = _run_on_emulated_hosts(command[2:], num_ps, out)
+  else:
+    code = local_cluster.LocalProcessCluster(
+        command, num_learners=FLAGS.num_learners, num_ps=num_ps,
+        environment=dict(os.environ, PYTHONPATH=repo)).run()
   if code != 0:
     raise RuntimeError(f"{size_mb} MB with {num_ps} ps failed ({code})")
   figures = results.read_figures(out)
   return {"size_mb": size_mb, "ps_tasks": num_ps,
           "learners": FLAGS.num_learners, "pushes": steps,
+          "link_mbit": FLAGS.link_mbit or None,
+          "network_bound_pushes_per_s": bound,
+          "bound_fraction": (figures["pushes_per_s"] / bound) if bound
+                            else None,
           "pushes_per_s": figures["pushes_per_s"],
           "pushed_mb_per_s": figures["pushes_per_s"] * size_mb,
           "ps_peak_memory_mb": figures["memory_mb"].get("ps", 0.0),
           "cpu_cores": figures["cpu_cores"],
           "ps_cpu_ms_per_push": _ps_cpu_ms_per_push(figures)}
+
+
+def network_bound(num_ps, num_learners, link_mbit, size_mb):
+  """Pushes/s the links allow, or None (no rate limit).
+
+  A step pulls the model's M bytes, then pushes M bytes. Links run at B
+  each way (tbf on each direction). A ps host holds M/k: its link sends
+  pulls and receives pushes side by side, so k ps hosts allow k·B/M steps
+  a second. A learner pulls, then pushes, one after the other: its link
+  allows B/(2M), λ learners λ·B/(2M). The bound is the smaller; with
+  λ >= 2k learners it is the ps hosts' k·B/M.
+  """
+  if not link_mbit:
+    return None
+  model_mbit = size_mb * 8
+  return min(num_ps * link_mbit / model_mbit,
+             num_learners * link_mbit / (2 * model_mbit))
+
+
+def _run_on_emulated_hosts(task_argv, num_ps, out):
+  """The point's cluster on emulated hosts (one per task) whose links run
+  at --link_mbit; returns the chief's exit code."""
+  from launch import emulated_deploy  # pylint: disable=g-import-not-at-top
+  from launch import emulated_hosts  # pylint: disable=g-import-not-at-top
+  module, flags_ = task_argv[0], task_argv[1:]
+  with emulated_hosts.EmulatedHosts(1 + FLAGS.num_learners + num_ps,
+                                    rate_mbit=FLAGS.link_mbit) as hosts:
+    deploy = emulated_deploy.EmulatedDeploy(
+        hosts, FLAGS.num_learners, num_ps, flags_,
+        os.path.join(out, "logs"), module=module)
+    deploy.start()
+    return deploy.run_until_chief_exits()
 
 
 def _ps_cpu_ms_per_push(figures):
@@ -66,14 +121,30 @@ def _ps_cpu_ms_per_push(figures):
   return None if cores is None else 1000 * cores / figures["pushes_per_s"]
 
 
+def add_ratios(rows):
+  """`vs_one_ps`: pushes/s over those of 1 ps task at the same size."""
+  one_ps = {row["size_mb"]: row["pushes_per_s"] for row in rows
+            if row["ps_tasks"] == 1}
+  for row in rows:
+    base = one_ps.get(row["size_mb"])
+    row["vs_one_ps"] = row["pushes_per_s"] / base if base else None
+  return rows
+
+
 def markdown(rows):
-  lines = ["| model size (MB) | ps tasks | learners | pushes/s | pushed MB/s |"
-           " CPU cores (ps / learners / all) | ps CPU ms per push |"
-           " ps peak memory (MB) |", "|---" * 8 + "|"]
+  lines = ["| model size (MB) | ps tasks | learners | link (Mbit/s) | "
+           "pushes/s | vs 1 ps | network bound (pushes/s) | of the bound | "
+           "pushed MB/s | CPU cores (ps / learners / all) | ps CPU ms per "
+           "push | ps peak memory (MB) |", "|---" * 12 + "|"]
   for row in rows:
     cores = row["cpu_cores"]
     lines.append(f"| {row['size_mb']:g} | {row['ps_tasks']} | "
-                 f"{row['learners']} | {row['pushes_per_s']:.1f} | "
+                 f"{row['learners']} | "
+                 f"{results.format_figure(row.get('link_mbit'), 'g')} | "
+                 f"{row['pushes_per_s']:.2f} | "
+                 f"{results.format_figure(row.get('vs_one_ps'), '.2f')} | "
+                 f"{results.format_figure(row.get('network_bound_pushes_per_s'), '.2f')} | "
+                 f"{results.format_figure(row.get('bound_fraction'), '.2f')} | "
                  f"{row['pushed_mb_per_s']:.0f} | "
                  + " / ".join(results.format_figure(cores.get(kind), ".2f")
                               for kind in ("ps", "worker", "total")) +
@@ -91,6 +162,12 @@ def define_flags():
   flags.DEFINE_integer("pushes", 1000, "Timed pushes per point (fewer for "
                        "models over 10 MB: pushes / size_mb * 10).")
   flags.DEFINE_string("out_dir", "runs/ps_capacity", "Where results go.")
+  flags.DEFINE_float("timed_s", 40, "With --link_mbit: the timed epoch's "
+                     "length at the network bound (sets its pushes).")
+  flags.DEFINE_float("link_mbit", 0, "Run every task on an emulated host of "
+                     "its own (launch/emulated_hosts.py; needs root) whose "
+                     "link runs at this many Mbit/s each way; 0: every task "
+                     "on 127.0.0.1, no network limit.")
 
 
 def main(argv):
@@ -113,7 +190,7 @@ def main(argv):
       rows.append(run_point(size_mb, num_ps, os.path.join(
           FLAGS.out_dir, "runs", f"{size_mb:g}mb_{num_ps}ps")))
       print(f"   {rows[-1]['pushes_per_s']:.1f} pushes/s", flush=True)
-  table = markdown(rows)
+  table = markdown(add_ratios(rows))
   reports.write_rows_and_table(FLAGS.out_dir, "ps_capacity", rows, table)
   print(table)
   return 0

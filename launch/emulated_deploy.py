@@ -9,13 +9,15 @@ ps task j on host 1 + λ + j.
     with EmulatedHosts(1 + learners + ps, rate_mbit=20) as hosts:
       deploy = EmulatedDeploy(hosts, learners, ps, flags, log_dir)
       deploy.start()
-      deploy.wait_for_line("chief", "epoch 1/")
+      deploy.wait_for_line("chief", r"epoch 1/\d+ step [1-9]")
       hosts.set_link(deploy.host_of("worker", 0), up=False)
       codes = deploy.wait(timeout_s=600)
 """
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -36,9 +38,12 @@ class EmulatedDeploy:
     flags: launch.train flags every task gets (as in a real deploy).
     log_dir: each task's output goes to <log_dir>/<type>_<index>.log.
     env: extra environment of every task.
+    module: the Python module each task runs (`python -m MODULE FLAGS`):
+      launch.train, or a benchmark's task (benchmarks.task).
   """
 
-  def __init__(self, hosts, learners, ps, flags, log_dir, env=None):
+  def __init__(self, hosts, learners, ps, flags, log_dir, env=None,
+               module="launch.train"):
     needed = 1 + learners + ps
     if hosts.count < needed:
       raise ValueError(f"a deploy of 1 chief, {learners} learners and {ps} "
@@ -47,6 +52,7 @@ class EmulatedDeploy:
     self._flags = list(flags)
     self._log_dir = log_dir
     self._env = dict(env or {})
+    self._module = module
     self._tasks = [("chief", 0)] + [("worker", i) for i in range(learners)] + [
         ("ps", j) for j in range(ps)]
     self.cluster = cluster_config.cluster_from_addresses(
@@ -77,7 +83,7 @@ class EmulatedDeploy:
                          TF_CONFIG=json.dumps(config), **self._env)
       process = self._hosts.run(
           self.host_of(task_type, index),
-          [sys.executable, "-m", "launch.train", *self._flags],
+          [sys.executable, "-m", self._module, *self._flags],
           env=environment, cwd=repo, stdout=subprocess.PIPE,
           stderr=subprocess.STDOUT, text=True)
       name = (task_type, index)
@@ -99,22 +105,36 @@ class EmulatedDeploy:
   def output(self, task_type, index=0):
     return "".join(self._lines.get((task_type, index), ()))
 
-  def wait_for_line(self, task_type, fragment, index=0, timeout_s=300):
-    """Waits until the task printed a line containing `fragment`."""
+  def wait_for_line(self, task_type, pattern, index=0, timeout_s=300):
+    """Waits until the task printed a line matching regex `pattern`."""
     deadline = time.monotonic() + timeout_s
     name = (task_type, index)
     while time.monotonic() < deadline:
-      if any(fragment in line for line in self._lines.get(name, ())):
+      if any(re.search(pattern, line) for line in self._lines.get(name, ())):
         return
       process = self.processes[name]
       if process.poll() is not None and not self._reading(process):
         break
       time.sleep(0.1)
-    raise TimeoutError(f"{task_type}:{index} printed no line with "
-                       f"{fragment!r}:\n{self.output(task_type, index)[-3000:]}")
+    raise TimeoutError(f"{task_type}:{index} printed no line matching "
+                       f"{pattern!r}:\n{self.output(task_type, index)[-3000:]}")
 
   def _reading(self, process):
     return process.stdout is not None and not process.stdout.closed
+
+  def run_until_chief_exits(self, timeout_s=3600):
+    """Waits for the chief, then stops every other task (SIGTERM, as the
+    local launcher does: a benchmark task writes its figures then);
+    returns the chief's exit code."""
+    code = self.processes[("chief", 0)].wait(timeout_s)
+    for name, process in self.processes.items():
+      if name != ("chief", 0) and process.poll() is None:
+        try:
+          os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+          pass
+    self.wait(timeout_s=60)
+    return code
 
   def wait(self, timeout_s=600):
     """Waits for every task; returns {(type, index): exit code}."""

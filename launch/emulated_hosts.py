@@ -48,10 +48,18 @@ import threading
 NAMESPACE_PREFIX = "rtfhost"
 # The harness's own addresses: one /24 per harness inside it.
 SUBNET = ipaddress.ip_network("10.213.0.0/16")
-# tbf's bucket and queue: a burst of 32 KiB at any rate, and at most 50 ms
-# of queued traffic before the link drops (a switch port's buffer).
+# tbf's bucket and queue: a burst of 10 ms of traffic (32 KiB at least:
+# a bucket smaller than the kernel timer's tick of traffic caps the rate
+# below the one asked for), and at most 50 ms of queued traffic before the
+# link drops (a switch port's buffer).
+TBF_MIN_BURST_BYTES = 32 * 1024
+TBF_BURST_S = 0.010
 TBF_BURST = "32kb"
 TBF_LATENCY = "50ms"
+
+
+def tbf_burst_bytes(rate_mbit):
+  return max(TBF_MIN_BURST_BYTES, int(rate_mbit * 1e6 / 8 * TBF_BURST_S))
 # How long a killed process gets to exit after SIGTERM before SIGKILL.
 KILL_GRACE_S = 5
 
@@ -71,12 +79,25 @@ def available():
   for tool in ("ip", "tc"):
     if shutil.which(tool) is None:
       return False, f"emulated hosts need iproute2's `{tool}`"
+  # Everything start() does, once, in a namespace of its own.
   probe = f"{NAMESPACE_PREFIX}{os.getpid()}probe"
-  made = _ip("netns", "add", probe, check=False)
-  if made.returncode != 0:
-    return False, ("this machine cannot make network namespaces: "
-                   f"{made.stderr.strip()}")
-  _ip("netns", "del", probe, check=False)
+  steps = [("ip", "netns", "add", probe),
+           ("ip", "-n", probe, "link", "add", "br0", "type", "bridge"),
+           ("ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer",
+            "name", "eth0"),
+           ("ip", "-n", probe, "link", "set", "p0", "master", "br0"),
+           ("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "eth0",
+            "root", "tbf", "rate", "1mbit", "burst", TBF_BURST, "latency",
+            TBF_LATENCY)]
+  try:
+    for step in steps:
+      done = subprocess.run(step, capture_output=True, text=True,
+                            check=False)
+      if done.returncode != 0:
+        return False, (f"this machine cannot make emulated hosts: "
+                       f"`{' '.join(step)}` failed: {done.stderr.strip()}")
+  finally:
+    _ip("netns", "del", probe, check=False)
   return True, ""
 
 
@@ -269,8 +290,9 @@ class EmulatedHosts:
       subprocess.run(
           ["ip", "netns", "exec", namespace, "tc", "qdisc",
            "replace" if replace else "add", "dev", device, "root", "tbf",
-           "rate", f"{rate_mbit}mbit", "burst", TBF_BURST, "latency",
-           TBF_LATENCY], check=True, capture_output=True, text=True)
+           "rate", f"{rate_mbit}mbit", "burst",
+           str(tbf_burst_bytes(rate_mbit)), "latency", TBF_LATENCY],
+          check=True, capture_output=True, text=True)
 
   def _link_ends(self, host):
     return [(self.namespace(host), "eth0"),

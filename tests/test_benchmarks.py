@@ -164,3 +164,15 @@ def test_embedding_benchmark_refuses_an_unknown_contender(tmp_path):
   assert result.returncode != 0
   assert ("Unknown contender 'rudra:fast'; valid contenders are "
           "parameter_server, rudra:dense_push, rudra") in result.stderr
+
+
+def test_network_bound_of_ps_capacity_on_links():
+  # 10 MB = 80 Mbit at B = 40 Mbit/s each way. A ps host sends pulls and
+  # takes pushes side by side: k ps allow k · 40/80 = k/2 steps/s; a
+  # learner pulls then pushes: 40/160 = 1/4 step/s, λ learners λ/4.
+  bound = ps_capacity.network_bound
+  assert bound(1, 8, 40, 10) == 0.5    # the ps host's link
+  assert bound(2, 8, 40, 10) == 1.0
+  assert bound(4, 8, 40, 10) == 2.0    # = the learners' 8/4: both limit
+  assert bound(4, 2, 40, 10) == 0.5    # two learners cannot feed 4 ps
+  assert bound(1, 8, 0, 10) is None    # no rate limit: no bound

@@ -33,7 +33,8 @@ def test_a_learner_host_cut_off_mid_fit_comes_back_and_trains_on(tmp_path):
     deploy = emulated_deploy.EmulatedDeploy(
         hosts, 2, 1, FLAGS + [f"--results={results}"], str(tmp_path))
     deploy.start()
-    deploy.wait_for_line("chief", "epoch 1/2 step")
+    # Cut once training runs (both learners have their step functions).
+    deploy.wait_for_line("chief", r"epoch 1/2 step [1-9]")
     learner_host = deploy.host_of("worker", 0)
     hosts.set_link(learner_host, up=False)
     time.sleep(LEARNER_CUT_S)
@@ -62,7 +63,7 @@ def test_a_ps_host_cut_off_ends_the_run_and_the_same_command_resumes(
     deploy = emulated_deploy.EmulatedDeploy(hosts, 2, 1, flags,
                                             str(tmp_path / "first"))
     deploy.start()
-    deploy.wait_for_line("chief", f"ckpt-40 (40 steps trained)")
+    deploy.wait_for_line("chief", r"ckpt-40 \(40 steps trained\)")
     ps_host = deploy.host_of("ps", 0)
     hosts.set_link(ps_host, up=False)
     chief = deploy.processes[("chief", 0)]
