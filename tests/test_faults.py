@@ -131,11 +131,8 @@ class FaultToleranceMixin:
     self.assert_exact_totals(saved, 1000)
 
 
-class TestTwoLearnersOnePs(FaultToleranceMixin):
-  NUM_LEARNERS = 2
-  NUM_PS = 1
-
-
+# Two cluster sizes, as the suite's time allows: three learners on one
+# shard, and two learners on two shards.
 class TestThreeLearnersOnePs(FaultToleranceMixin):
   NUM_LEARNERS = 3
   NUM_PS = 1
