@@ -22,13 +22,15 @@ def flag_values(**overrides):
                 gpus=0, steps_per_execution=1, emulated_step_ms=[],
                 learner_restarts=3, kill_task=[], save_model=None,
                 checkpoint_every_steps=None, checkpoint_every_secs=None,
-                progress_every_s=5.0)
+                progress_every_s=5.0, keras="tf_keras")
   values.update(overrides)
   return types.SimpleNamespace(**values)
 
 
 @pytest.mark.parametrize("overrides,learners,ps,fragment", [
     (dict(model="vgg"), 4, 1, "--model='vgg' is unknown; valid models"),
+    (dict(keras="keras2"), 4, 1, "--keras='keras2' is unknown; valid values "
+     "are tf_keras, keras3."),
     (dict(dataset="mnist"), 4, 1, "valid datasets are"),
     ({}, 0, 1, "--learners must be >= 1"),
     ({}, 4, 0, "--ps_tasks must be >= 1"),

@@ -182,8 +182,8 @@ def test_misuse_inside_a_live_strategy_gets_clear_errors():
       "wraps_itself": "cannot wrap another",
       "not_an_optimizer": "wraps a tf_keras optimizer such as "
                           "tf_keras.optimizers.SGD or Adam, a legacy one such "
-                          "as tf_keras.optimizers.legacy.SGD, or (in loops "
-                          "over ClusterCoordinator) a Keras 3 one",
+                          "as tf_keras.optimizers.legacy.SGD, or a Keras 3 "
+                          "one such as keras.optimizers.SGD; got 'sgd'",
       "bad_lr_policy": "'divide_by_two'",
       "two_optimizers_in_a_step": "Two optimizers applied gradients in one "
                                   "training step",
