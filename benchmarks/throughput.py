@@ -7,7 +7,9 @@ Every contender trains the same model on the same data (Fashion-MNIST by
 default) on a local cluster of separate processes on 127.0.0.1 (1 ps task
 where there is one), one after the other in this one run:
 
-* single: one process, no cluster (the machine's limit);
+* single: one process, no cluster (the machine's limit), at μ per step;
+* single:global_batch: the same process at μλ per step, the global batch of
+  λ learners (a row of λ learners: one step of each is one such step);
 * parameter_server[:fast]: TensorFlow's stock ParameterServerStrategy
   (async); ":fast" runs 20 steps per scheduled closure;
 * multi_worker_mirrored: MultiWorkerMirroredStrategy (synchronous
@@ -42,7 +44,8 @@ from benchmarks import results
 from launch import local_cluster
 from launch import reports
 
-CONTENDERS = ("single", "parameter_server", "parameter_server:fast",
+CONTENDERS = ("single", "single:global_batch", "parameter_server",
+              "parameter_server:fast",
               "multi_worker_mirrored",
               "rudra:hardsync", "rudra:1-softsync", "rudra:2-softsync",
               "rudra:async", "rudra:async:fast",
@@ -65,6 +68,8 @@ def applicable(contender, num_learners, straggler):
   """Whether the contender runs at this λ (and with a straggler)."""
   if contender == "single":
     return num_learners == 1 and not straggler
+  if contender == "single:global_batch":
+    return num_learners >= 2 and not straggler  # λ = 1 is "single"
   if contender == "multi_worker_mirrored":
     return num_learners >= 2
   if contender.startswith("parameter_server"):
@@ -79,7 +84,7 @@ def task_command(contender, model, num_learners, out, straggler):
   parts = contender.split(":")
   command = [sys.executable, "-m", "benchmarks.task", f"--strategy={parts[0]}",
              f"--model={model}", f"--dataset={FLAGS.dataset}",
-             f"--minibatch={FLAGS.minibatch}",
+             f"--minibatch={FLAGS.minibatch * (num_learners if contender == 'single:global_batch' else 1)}",
              f"--steps_per_epoch={FLAGS.steps_per_epoch}", f"--out={out}",
              "--lr=0.01", "--lr_policy=none"]
   command.append(f"--protocol={parts[1] if parts[0] == 'rudra' else 'async'}")
@@ -99,7 +104,7 @@ def task_command(contender, model, num_learners, out, straggler):
 def run_one(contender, model, num_learners, straggler, out):
   """Runs one contender; returns its figures with peak memory per task."""
   command = task_command(contender, model, num_learners, out, straggler)
-  if contender == "single":
+  if contender.startswith("single"):
     code = subprocess.run(command, check=False).returncode
   else:
     mirrored = contender == "multi_worker_mirrored"
@@ -121,7 +126,10 @@ def add_ratios(rows):
   `vs_parameter_server` and `vs_single` divide examples/s, and so pushes/s
   (every contender has the same μ); `updates_vs_parameter_server` and
   `updates_vs_single` divide updates/s; `vs_tf_keras` (a Keras 3 row)
-  divides its examples/s by the same protocol's with tf_keras.
+  divides its examples/s by the same protocol's with tf_keras;
+  `vs_single_global_batch` by the single process's at μλ per step (the
+  same global batch: what the targets compare with, since a process at μ
+  leaves cores idle that λ learners fill).
   """
   def find(contender, model, learners, straggler):
     for row in rows:
@@ -139,6 +147,11 @@ def add_ratios(rows):
     stock = find("parameter_server", row["model"], row["learners"],
                  row["straggler"])
     single = find("single", row["model"], 1, "")
+    global_batch = find("single:global_batch", row["model"], row["learners"],
+                        "")
+    row["vs_single_global_batch"] = (
+        row["examples_per_s"] / global_batch["examples_per_s"]) \
+        if global_batch else None
     row["vs_parameter_server"] = (row["examples_per_s"] /
                                   stock["examples_per_s"]) if stock else None
     row["vs_single"] = (row["examples_per_s"] /
@@ -160,10 +173,10 @@ def _cpu_cores(cores):
 
 def markdown(rows):
   lines = ["| model | λ | straggler (ms) | contender | updates/s | pushes/s | "
-           "examples/s | vs stock PS | vs single | vs tf_keras | updates/s "
-           "vs stock PS / single | σ mean | CPU cores (chief / worker / ps = "
-           "all) | CPU ms per push | memory MB (chief / worker / ps) |",
-           "|---" * 15 + "|"]
+           "examples/s | vs stock PS | vs single | vs single at μλ | vs "
+           "tf_keras | updates/s vs stock PS / single | σ mean | CPU cores "
+           "(chief / worker / ps = all) | CPU ms per push | memory MB (chief "
+           "/ worker / ps) |", "|---" * 16 + "|"]
   for row in rows:
     memory = row["memory_mb"]
     lines.append(
@@ -172,6 +185,7 @@ def markdown(rows):
         f"{row['pushes_per_s']:.1f} | {row['examples_per_s']:.0f} | "
         f"{results.format_figure(row['vs_parameter_server'], '.2f')} | "
         f"{results.format_figure(row['vs_single'], '.2f')} | "
+        f"{results.format_figure(row.get('vs_single_global_batch'), '.2f')} | "
         f"{results.format_figure(row.get('vs_tf_keras'), '.2f')} | "
         f"{results.format_figure(row['updates_vs_parameter_server'], '.2f')}"
         f" / {results.format_figure(row['updates_vs_single'], '.2f')} | "

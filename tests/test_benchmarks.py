@@ -23,7 +23,8 @@ def test_contenders_that_apply_at_each_lambda():
   assert names(1) == ["single", "parameter_server", "parameter_server:fast",
                       "rudra:async", "rudra:async:fast", "rudra:async:keras3"]
   # λ = 2: 2-softsync is async.
-  assert names(2) == ["parameter_server", "parameter_server:fast",
+  assert names(2) == ["single:global_batch", "parameter_server",
+                      "parameter_server:fast",
                       "multi_worker_mirrored",
                       "rudra:hardsync", "rudra:1-softsync", "rudra:async",
                       "rudra:async:fast", "rudra:hardsync:keras3",
@@ -47,14 +48,21 @@ def test_ratios_against_stock_ps_and_single_process():
       {"contender": "rudra:async", "model": "m", "learners": 2,
        "straggler": "600,150", "examples_per_s": 300.0, "updates_per_s": 12.0},
       {"contender": "rudra:hardsync:keras3", "model": "m", "learners": 2,
-       "straggler": "", "examples_per_s": 450.0, "updates_per_s": 9.0}]
+       "straggler": "", "examples_per_s": 450.0, "updates_per_s": 9.0},
+      {"contender": "single:global_batch", "model": "m", "learners": 2,
+       "straggler": "", "examples_per_s": 1600.0, "updates_per_s": 25.0}]
   throughput.add_ratios(rows)
+  # λ = 2 against one process at μλ per step: 500 / 1600.
+  assert rows[2]["vs_single_global_batch"] == 0.3125
+  assert rows[1]["vs_single_global_batch"] == 0.25
+  # A straggler row too, as "vs single": against one process, no straggler.
+  assert rows[3]["vs_single_global_batch"] == 0.1875
   # Keras 3 beside the same protocol with tf_keras: 450 / 500.
   assert rows[4]["vs_tf_keras"] == 0.9
   assert rows[2]["vs_tf_keras"] is None
   assert "| 0.90 |" in throughput.markdown(
       [dict(row, pushes_per_s=1.0, staleness_mean=0.0, cpu_ms_per_push=1.0,
-            cpu_cores={"total": 1.0}, memory_mb={}) for row in rows[4:]])
+            cpu_cores={"total": 1.0}, memory_mb={}) for row in rows[4:5]])
   assert rows[2]["vs_parameter_server"] == 1.25
   assert rows[2]["vs_single"] == 0.5
   # hardsync: λ = 2 gradients per update.
