@@ -131,24 +131,26 @@ def add_ratios(rows):
   same global batch: what the targets compare with, since a process at μ
   leaves cores idle that λ learners fill).
   """
-  def find(contender, model, learners, straggler):
-    for row in rows:
-      if (row["contender"], row["model"], row["learners"], row["straggler"]) \
-          == (contender, model, learners, straggler):
-        return row
+  def find(contender, model, learners, straggler, repeat):
+    for other in rows:
+      if (other["contender"], other["model"], other["learners"],
+          other["straggler"], other.get("repeat", 0)) == (
+              contender, model, learners, straggler, repeat):
+        return other
     return None
   for row in rows:
+    repeat = row.get("repeat", 0)
     tf_keras_row = (find(row["contender"][:-len(":keras3")], row["model"],
-                         row["learners"], row["straggler"])
+                         row["learners"], row["straggler"], repeat)
                     if row["contender"].endswith(":keras3") else None)
     row["vs_tf_keras"] = (row["examples_per_s"] /
                           tf_keras_row["examples_per_s"]) if tf_keras_row \
         else None
     stock = find("parameter_server", row["model"], row["learners"],
-                 row["straggler"])
-    single = find("single", row["model"], 1, "")
+                 row["straggler"], repeat)
+    single = find("single", row["model"], 1, "", repeat)
     global_batch = find("single:global_batch", row["model"], row["learners"],
-                        "")
+                        "", repeat)
     row["vs_single_global_batch"] = (
         row["examples_per_s"] / global_batch["examples_per_s"]) \
         if global_batch else None
@@ -161,6 +163,52 @@ def add_ratios(rows):
     row["updates_vs_single"] = (
         row["updates_per_s"] / single["updates_per_s"]) if single else None
   return rows
+
+
+# Figures and ratios a row of several repeats gives as their median; the
+# ratios also with their range (each repeat's ratio is of two runs of that
+# repeat, side by side).
+_MEDIAN_FIGURES = ("updates_per_s", "pushes_per_s", "examples_per_s",
+                   "staleness_mean", "cpu_ms_per_push")
+_RATIOS = ("vs_parameter_server", "vs_single", "vs_single_global_batch",
+           "vs_tf_keras", "updates_vs_parameter_server", "updates_vs_single")
+
+
+def _median(values):
+  values = sorted(values)
+  middle = len(values) // 2
+  return (values[middle] if len(values) % 2 else
+          (values[middle - 1] + values[middle]) / 2)
+
+
+def combine_repeats(rows):
+  """One row per (model, λ, contender, straggler) from rows of several
+  repeats (with ratios already added): the median of each figure and
+  ratio, each ratio's [min, max] as `<ratio>_range`, and `repeats`."""
+  groups = {}
+  for row in rows:
+    key = (row["model"], row["learners"], row["contender"], row["straggler"])
+    groups.setdefault(key, []).append(row)
+  combined = []
+  for runs in groups.values():
+    row = dict(runs[len(runs) // 2], repeats=len(runs))
+    row.pop("repeat", None)
+    for name in _MEDIAN_FIGURES + _RATIOS:
+      values = [run[name] for run in runs if run.get(name) is not None]
+      row[name] = _median(values) if values else None
+      if name in _RATIOS and len(values) > 1:
+        row[f"{name}_range"] = [min(values), max(values)]
+    combined.append(row)
+  return combined
+
+
+def _ratio(row, name):
+  """A ratio cell: the median, and its range over the repeats if any."""
+  cell = results.format_figure(row.get(name), ".2f")
+  spread = row.get(f"{name}_range")
+  if spread:
+    cell += f" ({spread[0]:.2f}–{spread[1]:.2f})"
+  return cell
 
 
 def _cpu_cores(cores):
@@ -183,10 +231,10 @@ def markdown(rows):
         f"| {row['model']} | {row['learners']} | {row['straggler'] or '–'} | "
         f"{row['contender']} | {row['updates_per_s']:.1f} | "
         f"{row['pushes_per_s']:.1f} | {row['examples_per_s']:.0f} | "
-        f"{results.format_figure(row['vs_parameter_server'], '.2f')} | "
-        f"{results.format_figure(row['vs_single'], '.2f')} | "
-        f"{results.format_figure(row.get('vs_single_global_batch'), '.2f')} | "
-        f"{results.format_figure(row.get('vs_tf_keras'), '.2f')} | "
+        f"{_ratio(row, 'vs_parameter_server')} | "
+        f"{_ratio(row, 'vs_single')} | "
+        f"{_ratio(row, 'vs_single_global_batch')} | "
+        f"{_ratio(row, 'vs_tf_keras')} | "
         f"{results.format_figure(row['updates_vs_parameter_server'], '.2f')}"
         f" / {results.format_figure(row['updates_vs_single'], '.2f')} | "
         f"{results.format_figure(row['staleness_mean'], '.2f')} | "
@@ -210,6 +258,9 @@ def define_flags():
   flags.DEFINE_list("straggler_ms", [], "SLOW,BASE: emulated step times of "
                     "learner 0 and of the others (empty: real compute only).")
   flags.DEFINE_string("out_dir", "runs/throughput", "Where results go.")
+  flags.DEFINE_integer("repeats", 1, "Runs of every contender, alternating "
+                       "the order; figures and ratios are the median, "
+                       "ratios with their range.")
 
 
 def main(argv):
@@ -225,20 +276,27 @@ def main(argv):
     return 2
   straggler = tuple(FLAGS.straggler_ms)
   rows = []
-  for model in FLAGS.models:
-    for num_learners in learners:
-      for contender in FLAGS.contenders:
-        if not applicable(contender, num_learners, straggler):
-          continue
-        out = os.path.join(FLAGS.out_dir, "runs", f"{model}_{num_learners}_"
-                           f"{contender.replace(':', '_')}")
-        print(f"== {model} λ={num_learners} {contender}", flush=True)
-        figures = run_one(contender, model, num_learners, straggler, out)
-        rows.append({"model": model, "learners": num_learners,
-                     "contender": contender,
-                     "straggler": ",".join(straggler), **figures})
-        print(f"   {figures['examples_per_s']:.0f} examples/s", flush=True)
+  for repeat in range(FLAGS.repeats):
+    # Every other repeat runs the contenders in reverse order, so that a
+    # drift of the machine over the run does not favour one side of a pair.
+    contenders = (FLAGS.contenders if repeat % 2 == 0 else
+                  list(reversed(FLAGS.contenders)))
+    for model in FLAGS.models:
+      for num_learners in learners:
+        for contender in contenders:
+          if not applicable(contender, num_learners, straggler):
+            continue
+          out = os.path.join(FLAGS.out_dir, "runs", f"{model}_{num_learners}_"
+                             f"{contender.replace(':', '_')}_{repeat}")
+          print(f"== {model} λ={num_learners} {contender} (repeat "
+                f"{repeat + 1}/{FLAGS.repeats})", flush=True)
+          figures = run_one(contender, model, num_learners, straggler, out)
+          rows.append({"model": model, "learners": num_learners,
+                       "contender": contender, "repeat": repeat,
+                       "straggler": ",".join(straggler), **figures})
+          print(f"   {figures['examples_per_s']:.0f} examples/s", flush=True)
   add_ratios(rows)
+  rows = combine_repeats(rows)
   table = markdown(rows)
   reports.write_rows_and_table(FLAGS.out_dir, "throughput", rows, table)
   print(table)

@@ -184,3 +184,26 @@ def test_network_bound_of_ps_capacity_on_links():
   assert bound(4, 8, 40, 10) == 2.0    # = the learners' 8/4: both limit
   assert bound(4, 2, 40, 10) == 0.5    # two learners cannot feed 4 ps
   assert bound(1, 8, 0, 10) is None    # no rate limit: no bound
+
+
+def test_repeats_give_median_ratios_with_their_range():
+  # Three repeats of a pair: stock PS 400, 500, 600 examples/s; Rudra 440,
+  # 450, 900. Each repeat's ratio is of its own pair: 1.1, 0.9, 1.5; the
+  # median 1.1, the range 0.9–1.5 (the median of the figures alone would
+  # give 450 / 500 = 0.9).
+  rows = []
+  for repeat, (stock, rudra) in enumerate([(400, 440), (500, 450),
+                                           (600, 900)]):
+    for contender, examples in (("parameter_server", stock),
+                                ("rudra:async", rudra)):
+      rows.append({"contender": contender, "model": "m", "learners": 2,
+                   "straggler": "", "repeat": repeat,
+                   "examples_per_s": float(examples),
+                   "updates_per_s": examples / 32})
+  combined = throughput.combine_repeats(throughput.add_ratios(rows))
+  rudra = [row for row in combined if row["contender"] == "rudra:async"][0]
+  assert rudra["repeats"] == 3 and "repeat" not in rudra
+  assert rudra["examples_per_s"] == 450.0
+  assert rudra["vs_parameter_server"] == pytest.approx(1.1)
+  assert rudra["vs_parameter_server_range"] == pytest.approx([0.9, 1.5])
+  assert "1.10 (0.90–1.50)" in throughput._ratio(rudra, "vs_parameter_server")  # pylint: disable=protected-access
