@@ -100,8 +100,11 @@ def test_an_exception_inside_the_block_leaves_nothing_behind():
 def test_the_owner_stopped_by_a_signal_leaves_nothing_behind(how):
   owner = subprocess.Popen(
       [sys.executable, "-c", textwrap.dedent("""
-          import sys, time
+          import signal, sys, time
           from launch import emulated_hosts
+          # Ctrl-C as in a terminal: a runner started in the background
+          # (nohup, CI) hands its children SIGINT ignored.
+          signal.signal(signal.SIGINT, signal.default_int_handler)
           with emulated_hosts.EmulatedHosts(2) as hosts:
             sleeper = hosts.run(0, ["sleep", "600"])
             print(hosts.switch_namespace[:-2], sleeper.pid, flush=True)
