@@ -22,7 +22,8 @@ from rudra_tf import strategy as strategy_lib
 # that keras.models.load_model finds it once rudra_tf is imported.
 @keras.saving.register_keras_serializable(package="rudra_tf",
                                           name="StalenessAwareOptimizer")
-class Keras3StalenessAwareOptimizer(keras.optimizers.Optimizer):
+class Keras3StalenessAwareOptimizer(shard_updates.WrapperSurface,
+                                    keras.optimizers.Optimizer):
   """Wraps a Keras 3 optimizer (by composition) for a RudraStrategy.
 
   Made by `rudra_tf.StalenessAwareOptimizer(optimizer, lr_policy)` when
@@ -75,50 +76,16 @@ class Keras3StalenessAwareOptimizer(keras.optimizers.Optimizer):
     object.__setattr__(self, "_rudra_shards", None)
 
   # ----------------------------------------------------------- properties
-  @property
-  def inner_optimizer(self):
-    return self._optimizer
-
-  @property
-  def lr_policy(self):
-    return self._updates.policy.name
-
-  @property
-  def learning_rate_multiplier(self):
-    """m above: the constant factor on the inner learning rate."""
-    return self._updates.policy.multiplier
-
-  @property
-  def learning_rate(self):
-    return self._optimizer.learning_rate
-
-  @learning_rate.setter
-  def learning_rate(self, learning_rate):
-    self._optimizer.learning_rate = learning_rate
-
-  @property
-  def iterations(self):
-    """Updates applied: the first parameter-server shard's timestamp."""
-    shards = self._rudra_shards
-    return shards[0].timestamp if shards else self._iterations
-
+  # (inner_optimizer, lr_policy, learning_rate, iterations, set_weights,
+  # load_own_variables: shard_updates.WrapperSurface)
   @property
   def variables(self):
     """The inner optimizer's variables, then each shard's protocol state."""
     return self._updates.variables()
 
-  def set_weights(self, weights):
-    """Assigns `weights` (in the order of `variables`); ValueError, and
-    nothing assigned, when they do not fit this strategy."""
-    self._updates.set_weights(weights)
-
   def save_own_variables(self, store):
     for index, variable in enumerate(self.variables):
       store[str(index)] = variable.numpy()
-
-  def load_own_variables(self, store):
-    """Loads a .keras file's optimizer state (the order of `variables`)."""
-    self.set_weights([store[str(i)] for i in range(len(store.keys()))])
 
   # -------------------------------------------------------------- training
   def build(self, variables):
@@ -140,21 +107,12 @@ class Keras3StalenessAwareOptimizer(keras.optimizers.Optimizer):
 
   def apply_gradients(self, grads_and_vars):
     """Pushes this learner's gradients with the timestamps of its pull."""
-    grads_and_vars = list(grads_and_vars)
-    shard_updates.refuse_mixed_kerases(self._optimizer,
-                                       [v for _, v in grads_and_vars])
-    return self._push(grads_and_vars)
+    return self.apply_gradients_checked(grads_and_vars)
 
   def apply(self, grads, trainable_variables=None):
     if trainable_variables is None:
       trainable_variables = self._trainable_variables
     return self.apply_gradients(zip(grads, trainable_variables))
-
-  def _push(self, grads_and_vars):
-    """apply_gradients for gradients already checked (the implicit
-    wrapper's: a plain optimizer's, gathered by the strategy)."""
-    self._updates.push(grads_and_vars, self.build)
-    return self.iterations
 
   def finalize_variable_values(self, var_list):
     del var_list  # no EMA: the shards' weights are final as they are

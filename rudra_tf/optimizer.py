@@ -20,7 +20,8 @@ class _CallableList(list):
 # Registered, so that tf_keras.models.load_model finds the class of a saved
 # model's optimizer once rudra_tf is imported, with no custom_objects.
 @tf_keras.saving.register_keras_serializable(package="rudra_tf")
-class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
+class StalenessAwareOptimizer(shard_updates.WrapperSurface,
+                              tf_keras.optimizers.Optimizer):
   """Wraps a tf_keras optimizer (by composition) for a RudraStrategy.
 
   A learner's `apply_gradients` pushes its gradients, with the timestamp of
@@ -110,52 +111,14 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
     self._strategy = self._no_dependency(strategy)
 
   # ----------------------------------------------------------- properties
-  @property
-  def inner_optimizer(self):
-    return self._optimizer
-
-  @property
-  def lr_policy(self):
-    return self._updates.policy.name
-
-  @property
-  def learning_rate_multiplier(self):
-    """m above: the constant factor on the inner learning rate."""
-    return self._updates.policy.multiplier
-
-  @property
-  def learning_rate(self):
-    return self._optimizer.learning_rate
-
-  @learning_rate.setter
-  def learning_rate(self, learning_rate):
-    self._optimizer.learning_rate = learning_rate
-
-  @property
-  def iterations(self):
-    """Updates applied: the first parameter-server shard's timestamp."""
-    shards = getattr(self, "_rudra_shards", None)
-    return shards[0].timestamp if shards else self._iterations
-
+  # (inner_optimizer, lr_policy, learning_rate, iterations, set_weights:
+  # shard_updates.WrapperSurface)
   @property
   def variables(self):
     """The inner optimizer's variables, then each shard's protocol state.
 
     Callable too, as tf_keras's own (`optimizer.variables()`)."""
     return _CallableList(self._updates.variables())
-
-  def set_weights(self, weights):
-    """Assigns `weights` (numpy arrays, in the order of `variables`).
-
-    tf_keras's own assigns to the wrapper's private variable list, which
-    holds none of this state; an .h5 model's optimizer state loads here.
-    Raises ValueError, assigning nothing, when the values do not fit this
-    strategy (another cluster size, ps count or protocol)."""
-    self._updates.set_weights(weights)
-
-  def load_own_variables(self, store):
-    """Loads a .keras file's optimizer state (the order of `variables`)."""
-    self.set_weights([store[str(i)] for i in range(len(store.keys()))])
 
   # -------------------------------------------------------------- training
   def build(self, var_list):
@@ -173,16 +136,7 @@ class StalenessAwareOptimizer(tf_keras.optimizers.Optimizer):
                       skip_gradients_aggregation=False, **kwargs):
     """Pushes this learner's gradients with the timestamps of its pull."""
     del name, skip_gradients_aggregation, kwargs
-    grads_and_vars = list(grads_and_vars)
-    shard_updates.refuse_mixed_kerases(self._optimizer,
-                                       [v for _, v in grads_and_vars])
-    return self._push(grads_and_vars)
-
-  def _push(self, grads_and_vars):
-    """apply_gradients for gradients already checked (the implicit
-    wrapper's: a plain optimizer's, gathered by the strategy)."""
-    self._updates.push(grads_and_vars, self.build)
-    return self.iterations
+    return self.apply_gradients_checked(grads_and_vars)
 
   # --------------------------------------------------------- serialization
   def get_config(self):

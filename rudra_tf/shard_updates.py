@@ -177,6 +177,65 @@ class ShardUpdates:
         variable.assign(variable.constraint(variable.live_read()))
 
 
+class WrapperSurface:
+  """What both wrapper classes show of their inner optimizer and
+  ShardUpdates (listed first among a wrapper's bases, so that these
+  properties stand over the Keras optimizer's own). A wrapper sets
+  `_optimizer`, `_updates` and, once built, `_rudra_shards`."""
+
+  @property
+  def inner_optimizer(self):
+    return self._optimizer
+
+  @property
+  def lr_policy(self):
+    return self._updates.policy.name
+
+  @property
+  def learning_rate_multiplier(self):
+    """m: the constant factor on the inner learning rate."""
+    return self._updates.policy.multiplier
+
+  @property
+  def learning_rate(self):
+    return self._optimizer.learning_rate
+
+  @learning_rate.setter
+  def learning_rate(self, learning_rate):
+    self._optimizer.learning_rate = learning_rate
+
+  @property
+  def iterations(self):
+    """Updates applied: the first parameter-server shard's timestamp."""
+    shards = getattr(self, "_rudra_shards", None)
+    return shards[0].timestamp if shards else self._iterations
+
+  def set_weights(self, weights):
+    """Assigns `weights` (numpy arrays, in the order of `variables`).
+
+    The Keras optimizers' own assign to the wrapper's private variable
+    list, which holds none of this state; an .h5 model's optimizer state
+    loads here. Raises ValueError, assigning nothing, when the values do
+    not fit this strategy (another cluster size, ps count or protocol)."""
+    self._updates.set_weights(weights)
+
+  def load_own_variables(self, store):
+    """Loads a .keras file's optimizer state (the order of `variables`)."""
+    self.set_weights([store[str(i)] for i in range(len(store.keys()))])
+
+  def apply_gradients_checked(self, grads_and_vars):
+    """apply_gradients: refuses the other Keras's variables, then pushes."""
+    grads_and_vars = list(grads_and_vars)
+    refuse_mixed_kerases(self._optimizer, [v for _, v in grads_and_vars])
+    return self._push(grads_and_vars)
+
+  def _push(self, grads_and_vars):
+    """apply_gradients for gradients already checked (the implicit
+    wrapper's: a plain optimizer's, gathered by the strategy)."""
+    self._updates.push(grads_and_vars, self.build)
+    return self.iterations
+
+
 def refuse_mixed_kerases(optimizer, variables):
   """Raises ValueError if a tf_keras optimizer would train a Keras 3
   model's variables, or a Keras 3 optimizer a tf_keras model's."""
