@@ -11,8 +11,11 @@ network let them. The weights are in 8 variables, spread round-robin over
 the ps tasks, each ps task holding its own shard state. Reports pushes/s,
 the MB/s of gradients pushed, the CPU cores the ps tasks, the learners and
 all tasks used, the ps tasks' CPU per push, and the peak memory of a ps
-task, for every (size, ps tasks) pair; OUT_DIR/ps_capacity.json and
-ps_capacity.md.
+task, for every (size, ps tasks) pair; with --link_mbit also the network
+bound, the fraction of it reached, the bytes the ps links carried per push
+over the 2M a pull and a push need, and how busy each kind of link was
+(emulated_hosts.LinkMeter, over the timed epoch); OUT_DIR/ps_capacity.json
+and ps_capacity.md.
 """
 
 import os
@@ -61,8 +64,9 @@ def run_point(size_mb, num_ps, out):
              f"--steps_per_execution={per_closure}",
              "--noconsistent_pulls", f"--out={out}"]
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  link_meter = None
   if FLAGS.link_mbit:
-    code = _run_on_emulated_hosts(command[2:], num_ps, out)
+    code, link_meter = _run_on_emulated_hosts(command[2:], num_ps, out)
   else:
     code = local_cluster.LocalProcessCluster(
         command, num_learners=FLAGS.num_learners, num_ps=num_ps,
@@ -70,7 +74,9 @@ def run_point(size_mb, num_ps, out):
   if code != 0:
     raise RuntimeError(f"{size_mb} MB with {num_ps} ps failed ({code})")
   figures = results.read_figures(out)
-  return {"size_mb": size_mb, "ps_tasks": num_ps,
+  wire = (wire_figures(link_meter, figures, num_ps, size_mb)
+          if link_meter else {})
+  return {**wire, "size_mb": size_mb, "ps_tasks": num_ps,
           "learners": FLAGS.num_learners, "pushes": steps,
           "link_mbit": FLAGS.link_mbit or None,
           "network_bound_pushes_per_s": bound,
@@ -100,9 +106,31 @@ def network_bound(num_ps, num_learners, link_mbit, size_mb):
              num_learners * link_mbit / (2 * model_mbit))
 
 
+def wire_figures(meter, figures, num_ps, size_mb):
+  """What the links carried in the timed epoch: bytes on the wire per push
+  (all ps links, both ways; a push and its pull move 2M at the least) over
+  2M, and each kind of link's busiest direction as a fraction of the rate.
+
+  Hosts as EmulatedDeploy places them: the chief 0, learners 1..λ, ps after.
+  """
+  begin, end = figures["timed_begin"], figures["timed_end"]
+  moved = meter.bytes_between(begin, end)
+  pushes = figures["pushes_per_s"] * (end - begin)
+  learners = range(1, 1 + FLAGS.num_learners)
+  ps_hosts = range(1 + FLAGS.num_learners, 1 + FLAGS.num_learners + num_ps)
+  capacity = FLAGS.link_mbit * 1e6 / 8 * (end - begin)  # bytes, one way
+  def busiest(hosts):
+    return [max(moved[h]) / capacity for h in hosts]
+  ps_bytes = sum(sum(moved[h]) for h in ps_hosts)
+  return {"wire_mb_per_push": ps_bytes / pushes / 1e6,
+          "wire_over_2m": ps_bytes / pushes / (2 * size_mb * 1e6),
+          "ps_link_use": busiest(ps_hosts),
+          "learner_link_use": busiest(learners)}
+
+
 def _run_on_emulated_hosts(task_argv, num_ps, out):
   """The point's cluster on emulated hosts (one per task) whose links run
-  at --link_mbit; returns the chief's exit code."""
+  at --link_mbit; returns the chief's exit code and the links' LinkMeter."""
   from launch import emulated_deploy  # pylint: disable=g-import-not-at-top
   from launch import emulated_hosts  # pylint: disable=g-import-not-at-top
   module, flags_ = task_argv[0], task_argv[1:]
@@ -111,8 +139,10 @@ def _run_on_emulated_hosts(task_argv, num_ps, out):
     deploy = emulated_deploy.EmulatedDeploy(
         hosts, FLAGS.num_learners, num_ps, flags_,
         os.path.join(out, "logs"), module=module)
-    deploy.start()
-    return deploy.run_until_chief_exits()
+    with emulated_hosts.LinkMeter(hosts) as meter:
+      deploy.start()
+      code = deploy.run_until_chief_exits()
+    return code, meter
 
 
 def _ps_cpu_ms_per_push(figures):
@@ -135,7 +165,8 @@ def markdown(rows):
   lines = ["| model size (MB) | ps tasks | learners | link (Mbit/s) | "
            "pushes/s | vs 1 ps | network bound (pushes/s) | of the bound | "
            "pushed MB/s | CPU cores (ps / learners / all) | ps CPU ms per "
-           "push | ps peak memory (MB) |", "|---" * 12 + "|"]
+           "push | ps peak memory (MB) | wire bytes per push / 2M | link use "
+           "(ps / learners, busiest direction) |", "|---" * 14 + "|"]
   for row in rows:
     cores = row["cpu_cores"]
     lines.append(f"| {row['size_mb']:g} | {row['ps_tasks']} | "
@@ -150,8 +181,19 @@ def markdown(rows):
                               for kind in ("ps", "worker", "total")) +
                  " | " +
                  results.format_figure(row["ps_cpu_ms_per_push"], ".1f") +
-                 f" | {row['ps_peak_memory_mb']:.0f} |")
+                 f" | {row['ps_peak_memory_mb']:.0f} | "
+                 f"{results.format_figure(row.get('wire_over_2m'), '.2f')} | "
+                 f"{_link_use(row)} |")
   return "\n".join(lines) + "\n"
+
+
+def _link_use(row):
+  if "ps_link_use" not in row:
+    return "–"
+  def mean(values):
+    return sum(values) / len(values)
+  return (f"{mean(row['ps_link_use']):.2f} / "
+          f"{mean(row['learner_link_use']):.2f}")
 
 
 def define_flags():

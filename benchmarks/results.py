@@ -42,3 +42,11 @@ def read_figures(out):
 def format_figure(value, spec):
   """A table cell: the value in `spec`, or "–" where there is none."""
   return "–" if value is None else format(value, spec)
+
+
+def median(values):
+  """The median of a non-empty list (the mean of the middle two if even)."""
+  values = sorted(values)
+  middle = len(values) // 2
+  return (values[middle] if len(values) % 2 else
+          (values[middle - 1] + values[middle]) / 2)

@@ -5,7 +5,9 @@ With a parameter-server strategy ("rudra", "parameter_server": TensorFlow's
 stock ParameterServerStrategy) the ps and worker tasks serve and the chief
 trains; with "multi_worker_mirrored" the chief and every worker train (one
 all-reduce per step). Training is two epochs of --steps_per_epoch steps:
-the first warms up (tracing, connections), the second is timed. The chief
+the first warms up (tracing, connections), the second is timed; with
+--target_accuracy, epochs until the test accuracy reaches it instead
+(AccuracyCurve: time to accuracy, benchmarks/protocols_on_links.py). The chief
 writes the figures to --out, with the timed epoch's begin and end on the
 machine's monotonic clock; every task writes its peak memory and its CPU
 time samples (benchmarks/cpu_meter.py) to task_<type>_<index>.json.
@@ -33,6 +35,11 @@ flags.DEFINE_bool("consistent_pulls", True, "RudraStrategy consistent_pulls.")
 flags.DEFINE_float("blob_mb", 0, "Train benchmarks/blob_model.py's model of "
                    "this many MB of weights instead of --model (ps capacity).")
 flags.DEFINE_string("out", None, "Directory for the figures (JSON files).")
+flags.DEFINE_float("target_accuracy", 0, "Above 0: instead of the two-epoch "
+                   "throughput run, train epochs until the test accuracy "
+                   "reaches this (time to accuracy; AccuracyCurve).")
+flags.DEFINE_integer("max_epochs", 30, "With --target_accuracy: the most "
+                     "epochs to train.")
 FLAGS = flags.FLAGS
 
 
@@ -99,8 +106,9 @@ class EpochTimer:
             "staleness_mean": report.mean}
 
 
-def train(config):
-  """Fits two epochs; returns the timed epoch's figures (chief only)."""
+def _prepared(config):
+  """The strategy, the compiled model, the data and the learners' dataset
+  source of a benchmark run (as launch.train makes them)."""
   import models  # pylint: disable=g-import-not-at-top
   import rudra_tf  # pylint: disable=g-import-not-at-top
   from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
@@ -123,7 +131,6 @@ def train(config):
           optimizer, lr_policy=config.lr_policy)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   steps_per_execution=config.steps_per_execution)
-  timer = EpochTimer(strategy, keras)
 
   def dataset_fn(context):
     learner = context.input_pipeline_id if context else 0
@@ -131,11 +138,18 @@ def train(config):
         data.learner_dataset(context, config.minibatch, seed=config.seed),
         config.learner_step_time_s(learner))
 
-  steps = config.steps_per_epoch
   # tf_keras's fit takes a dataset function as a DatasetCreator; Keras 3's
   # (rudra_tf's, under RudraStrategy) as it is.
   data_source = (keras.utils.experimental.DatasetCreator(dataset_fn)
                  if config.keras == "tf_keras" else dataset_fn)
+  return strategy, model, data, data_source, keras
+
+
+def train(config):
+  """Fits two epochs; returns the timed epoch's figures (chief only)."""
+  strategy, model, _, data_source, keras = _prepared(config)
+  timer = EpochTimer(strategy, keras)
+  steps = config.steps_per_epoch
   model.fit(data_source, epochs=2, steps_per_epoch=steps, verbose=0,
             callbacks=[timer.callback])
   seconds = timer.end[1][0] - timer.begin[1][0]
@@ -159,6 +173,108 @@ def train(config):
           "pushes_per_s": gradients / seconds,
           "examples_per_s": gradients * config.minibatch / seconds,
           "staleness_mean": staleness}
+
+
+class AccuracyCurve:
+  """The test accuracy after each epoch, against training time.
+
+  fit joins at an epoch's end, so the learners idle while the chief
+  evaluates its copy of the weights on the whole test split; the training
+  time counts the epochs only, not those evaluations. Training stops at the
+  first epoch whose test accuracy reaches `target`.
+  """
+
+  def __init__(self, strategy, model, data, config, keras, target):
+    import models  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    curve = self
+    self.rows = []
+    self._timer = EpochTimer(strategy, keras)
+    self._train_s = 0.0
+    self._local = models.build_model(config.model, data.input_shape,
+                                     data.num_classes, keras=config.keras)
+    self._test = data.test_dataset(1000)
+    self._test_size = data.test_size
+    # The model called directly, not Model.evaluate: inside fit, evaluate
+    # would take the strategy in scope and run on the learners.
+    self._correct = tf.function(lambda x, y: tf.reduce_sum(tf.cast(
+        tf.equal(tf.argmax(self._local(x, training=False), -1),
+                 tf.cast(y, tf.int64)), tf.int64)))
+
+    class Callback(keras.callbacks.Callback):
+
+      def on_epoch_begin(self, epoch, logs=None):
+        curve._timer.callback.on_epoch_begin(epoch, logs)
+
+      def on_epoch_end(self, epoch, logs=None):
+        curve._timer.callback.on_epoch_end(epoch, logs)
+        curve._record(epoch, model, config.steps_per_epoch)
+        if curve.rows[-1]["test_accuracy"] >= target:
+          model.stop_training = True
+
+    self.callback = Callback()
+
+  def _record(self, epoch, model, steps):
+    begin, end = self._timer.begin[epoch], self._timer.end[epoch]
+    self._train_s += end[0] - begin[0]
+    if end[1] is None:  # stock PSS: one gradient and one update per step
+      previous = self.rows[-1] if self.rows else {"gradients": 0,
+                                                  "updates": 0}
+      counters = {"gradients": previous["gradients"] + steps,
+                  "updates": previous["updates"] + steps,
+                  "staleness_mean": None}
+    else:
+      counters = end[1]
+    from rudra_tf import tf_hooks  # pylint: disable=g-import-not-at-top
+    # The chief's own calls: no closure's cancellation reaches them (TF keeps
+    # the running closure's CancellationManager in a process-wide global).
+    with tf_hooks.outside_closure_cancellation():
+      self._local.set_weights(model.get_weights())
+      accuracy = sum(int(self._correct(x, y)) for x, y in self._test
+                     ) / self._test_size
+    self.rows.append({"epoch": epoch + 1, "train_s": self._train_s,
+                      "test_accuracy": float(accuracy), **counters})
+
+  def figures(self, target, minibatch):
+    """Time, gradients and updates to `target` (None where not reached),
+    and the rates over the epochs after the first (which traces)."""
+    reached = next((row for row in self.rows
+                    if row["test_accuracy"] >= target), None)
+    last = self.rows[-1]
+    # Rates over the epochs after the first, or the first if it was all.
+    first = (self.rows[0] if len(self.rows) > 1 else
+             {"train_s": 0.0, "gradients": 0, "updates": 0})
+    seconds = last["train_s"] - first["train_s"]
+    gradients = last["gradients"] - first["gradients"]
+    updates = last["updates"] - first["updates"]
+    return {
+        "target_accuracy": target,
+        "time_to_target_s": reached and reached["train_s"],
+        "gradients_to_target": reached and reached["gradients"],
+        "updates_to_target": reached and reached["updates"],
+        "final_test_accuracy": last["test_accuracy"],
+        "pushes_per_s": gradients / seconds,
+        "updates_per_s": updates / seconds,
+        "examples_per_s": gradients * minibatch / seconds,
+        "staleness_mean": last["staleness_mean"],
+        # The second epoch, for the CPU figures (benchmarks/results.py,
+        # which divides by the rate above: that of epochs 2 on).
+        "timed_begin": self._timer.begin[min(1, len(self.rows) - 1)][0],
+        "timed_end": self._timer.end[min(1, len(self.rows) - 1)][0],
+        "curve": self.rows}
+
+
+def train_to_accuracy(config):
+  """Fits epochs of --steps_per_epoch until the test accuracy reaches
+  --target_accuracy (or --max_epochs); returns the AccuracyCurve figures."""
+  strategy, model, data, data_source, keras = _prepared(config)
+  curve = AccuracyCurve(strategy, model, data, config, keras,
+                        FLAGS.target_accuracy)
+  model.fit(data_source, epochs=FLAGS.max_epochs,
+            steps_per_epoch=config.steps_per_epoch, verbose=0,
+            callbacks=[curve.callback])
+  return {**curve.figures(FLAGS.target_accuracy, config.minibatch),
+          "model_bytes": 4 * model.count_params()}  # float32 weights
 
 
 def main(argv):
@@ -196,7 +312,8 @@ def main(argv):
     if code == 0:
       record_memory_and_exit(signal.SIGTERM, None)
     return code
-  figures = train(config)
+  figures = (train_to_accuracy(config) if FLAGS.target_accuracy > 0
+             else train(config))
   write_task_figures(task_name, meter)
   if task["type"] == "chief":
     write_json("figures.json", figures)

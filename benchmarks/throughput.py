@@ -174,13 +174,6 @@ _RATIOS = ("vs_parameter_server", "vs_single", "vs_single_global_batch",
            "vs_tf_keras", "updates_vs_parameter_server", "updates_vs_single")
 
 
-def _median(values):
-  values = sorted(values)
-  middle = len(values) // 2
-  return (values[middle] if len(values) % 2 else
-          (values[middle - 1] + values[middle]) / 2)
-
-
 def combine_repeats(rows):
   """One row per (model, λ, contender, straggler) from rows of several
   repeats (with ratios already added): the median of each figure and
@@ -195,7 +188,7 @@ def combine_repeats(rows):
     row.pop("repeat", None)
     for name in _MEDIAN_FIGURES + _RATIOS:
       values = [run[name] for run in runs if run.get(name) is not None]
-      row[name] = _median(values) if values else None
+      row[name] = results.median(values) if values else None
       if name in _RATIOS and len(values) > 1:
         row[f"{name}_range"] = [min(values), max(values)]
     combined.append(row)

@@ -15,6 +15,7 @@ and brought back (a host cut off, then reconnected).
       hosts.address(0)                        # "10.213.7.1"
       hosts.set_link(2, up=False)             # host 2 cut off
       hosts.set_link(2, up=True)
+      hosts.link_bytes()                      # {host: (sent, received)}
 
 States:
 
@@ -36,12 +37,14 @@ machine can, and why not.
 
 import atexit
 import ipaddress
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import threading
+import time
 
 # Every name this harness gives a namespace starts with this, then the pid
 # of the process that owns it (to find orphans), then a serial number.
@@ -240,6 +243,11 @@ class EmulatedHosts:
     return self._count
 
   @property
+  def up(self):
+    """Whether the hosts exist (started, not yet closed)."""
+    return self._state == "up"
+
+  @property
   def switch_namespace(self):
     return f"{self._name}sw"
 
@@ -284,6 +292,23 @@ class EmulatedHosts:
                             "show", "dev", device], check=True,
                            capture_output=True, text=True).stdout.strip()
             for namespace, device in self._link_ends(host)]
+
+  def link_bytes(self):
+    """{host: (bytes sent, bytes received)} on each host's link so far
+    (Ethernet frames, as the rate limit counts them), read from the
+    switch's ports in one call: what a port transmits, its host received."""
+    self._require_up()
+    links = json.loads(subprocess.run(
+        ["ip", "-n", self.switch_namespace, "-s", "-j", "link", "show"],
+        check=True, capture_output=True, text=True).stdout)
+    counts = {}
+    for link in links:
+      port = re.fullmatch(r"p(\d+)", link["ifname"])
+      if port:
+        stats = link["stats64"]
+        counts[int(port.group(1))] = (stats["rx"]["bytes"],
+                                      stats["tx"]["bytes"])
+    return counts
 
   def _limit(self, host, rate_mbit, replace):
     for namespace, device in self._link_ends(host):
@@ -330,3 +355,61 @@ def _stop(process):
     except ProcessLookupError:
       pass
     process.wait()
+
+
+class LinkMeter:
+  """Samples `hosts.link_bytes()` every `period_s` in a thread, with
+  time.monotonic() stamps (one clock for every process on the machine), so
+  that the bytes of a window a task timed can be read afterwards.
+
+      with LinkMeter(hosts) as meter:
+        ...                                   # the run; it times [t0, t1]
+      meter.bytes_between(t0, t1)             # {host: (sent, received)}
+  """
+
+  def __init__(self, hosts, period_s=0.5):
+    self._hosts = hosts
+    self._period_s = period_s
+    self.samples = []  # [(monotonic time, {host: (sent, received)})]
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._sample, daemon=True)
+
+  def __enter__(self):
+    self._take()
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info):
+    self._stop.set()
+    self._thread.join()
+    if self._hosts.up:
+      self._take()
+
+  def _take(self):
+    self.samples.append((time.monotonic(), self._hosts.link_bytes()))
+
+  def _sample(self):
+    while not self._stop.wait(self._period_s):
+      if not self._hosts.up:
+        return
+      self._take()
+
+  def bytes_between(self, begin, end):
+    """{host: (sent, received)} in [begin, end], each counter interpolated
+    linearly between the samples around each end."""
+    if not self.samples or not (self.samples[0][0] <= begin <= end <=
+                                self.samples[-1][0]):
+      raise ValueError(f"[{begin}, {end}] is not inside the sampled window "
+                       f"{[t for t, _ in self.samples[:1] + self.samples[-1:]]}.")
+    at_begin, at_end = self._at(begin), self._at(end)
+    return {host: tuple(e - b for b, e in zip(at_begin[host], at_end[host]))
+            for host in at_end}
+
+  def _at(self, moment):
+    for (t0, c0), (t1, c1) in zip(self.samples, self.samples[1:]):
+      if t0 <= moment <= t1:
+        share = 0.0 if t1 == t0 else (moment - t0) / (t1 - t0)
+        return {host: tuple(a + share * (b - a)
+                            for a, b in zip(c0[host], c1[host]))
+                for host in c1}
+    return self.samples[-1][1]

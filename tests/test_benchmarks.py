@@ -9,8 +9,10 @@ import time
 import pytest
 
 from benchmarks import cpu_meter
+from benchmarks import protocols_on_links
 from benchmarks import ps_capacity
 from benchmarks import throughput
+from launch import emulated_hosts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -207,3 +209,94 @@ def test_repeats_give_median_ratios_with_their_range():
   assert rudra["vs_parameter_server"] == pytest.approx(1.1)
   assert rudra["vs_parameter_server_range"] == pytest.approx([0.9, 1.5])
   assert "1.10 (0.90–1.50)" in throughput._ratio(rudra, "vs_parameter_server")  # pylint: disable=protected-access
+
+
+def test_protocol_ratios_pair_each_repeat_and_skip_a_missed_target():
+  # Two repeats. Stock 300 and 400 examples/s; async 330 and 360: ratios
+  # 1.1 and 0.9, median 1.0. Time to the target: hardsync 100 s and 200 s,
+  # async 50 s and (missed) None: one ratio, 0.5; stock missed both.
+  figures = {("parameter_server", 0): (300, None),
+             ("parameter_server", 1): (400, None),
+             ("rudra:hardsync", 0): (200, 100.0),
+             ("rudra:hardsync", 1): (200, 200.0),
+             ("rudra:async", 0): (330, 50.0),
+             ("rudra:async", 1): (360, None)}
+  rows = [{"scenario": "equal", "contender": contender, "repeat": repeat,
+           "examples_per_s": float(examples), "time_to_target_s": time_s}
+          for (contender, repeat), (examples, time_s) in figures.items()]
+  combined = {row["contender"]: row for row in
+              protocols_on_links.combine_repeats(
+                  protocols_on_links.add_ratios(rows))}
+  rudra = combined["rudra:async"]
+  assert rudra["vs_parameter_server"] == pytest.approx(1.0)
+  assert rudra["vs_parameter_server_range"] == pytest.approx([0.9, 1.1])
+  assert rudra["time_vs_hardsync"] == pytest.approx(0.5)
+  assert "time_vs_hardsync_range" not in rudra  # one repeat has it
+  assert (rudra["reached"], rudra["repeats"]) == (1, 2)
+  assert combined["parameter_server"]["time_to_target_s"] is None
+  assert combined["rudra:hardsync"]["time_to_target_s_range"] == [100, 200]
+  table = protocols_on_links.markdown(list(combined.values()), 0.8)
+  assert "| equal | rudra:async | 345 | 1.00 (0.90–1.10) |" in table
+  assert "| 1 of 2 |" in table
+
+
+def test_a_lower_accuracy_is_timed_from_the_same_curve():
+  # Epochs reached 0.70, 0.76, 0.81 after 10, 25 and 40 s of training.
+  row = {"curve": [
+      {"train_s": 10.0, "gradients": 100, "updates": 25, "test_accuracy": 0.70},
+      {"train_s": 25.0, "gradients": 200, "updates": 50, "test_accuracy": 0.76},
+      {"train_s": 40.0, "gradients": 300, "updates": 75, "test_accuracy": 0.81}]}
+  at_75, = protocols_on_links.at_accuracy([row], 0.75)
+  assert (at_75["time_to_target_s"], at_75["gradients_to_target"],
+          at_75["updates_to_target"]) == (25.0, 200, 50)
+  at_90, = protocols_on_links.at_accuracy([row], 0.9)
+  assert at_90["time_to_target_s"] is None
+  assert "time_to_target_s" not in row  # the run's own row is left as is
+
+
+def test_protocols_on_links_refuses_bad_values_naming_the_valid_ones():
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.protocols_on_links",
+       "--contenders=rudra:fast"], cwd=REPO, capture_output=True, text=True,
+      timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+  assert result.returncode == 2
+  assert ("Unknown --contenders value 'rudra:fast'; valid values are "
+          "parameter_server, rudra:hardsync") in result.stderr
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.protocols_on_links",
+       "--report_accuracies=0.9"], cwd=REPO, capture_output=True, text=True,
+      timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+  assert result.returncode == 2
+  assert ("--report_accuracies takes accuracies in (0, --target_accuracy = "
+          "0.8], got '0.9'") in result.stderr
+
+
+@pytest.mark.skipif(not emulated_hosts.available()[0],
+                    reason=emulated_hosts.available()[1])
+def test_a_protocol_trains_to_a_target_on_rate_limited_links(tmp_path):
+  # Hardsync, λ = 2, epochs of 10 gradients (5 updates), a target no mlp
+  # reaches in 2 epochs: both epochs run and the target is missed.
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.protocols_on_links",
+       "--contenders=rudra:hardsync", "--scenarios=straggler",
+       "--learners=2", "--model=mlp", "--steps_per_epoch=10",
+       "--max_epochs=2", "--target_accuracy=0.99", "--link_mbit=100",
+       f"--out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+      timeout=600, env=dict(os.environ, PYTHONPATH=REPO,
+                            TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  row, = json.loads((tmp_path / "protocols_on_links.json").read_text())
+  assert [(r["epoch"], r["gradients"], r["updates"]) for r in row["curve"]
+          ] == [(1, 10, 5), (2, 20, 10)]
+  assert all(0.05 < r["test_accuracy"] < 0.99 for r in row["curve"])
+  assert row["curve"][1]["train_s"] > row["curve"][0]["train_s"] > 0
+  assert row["time_to_target_s"] is None and row["staleness_mean"] == 0.0
+  # The rates are of epoch 2: 10 gradients, 5 updates.
+  seconds = row["curve"][1]["train_s"] - row["curve"][0]["train_s"]
+  assert row["pushes_per_s"] == pytest.approx(10 / seconds)
+  assert row["updates_per_s"] == pytest.approx(5 / seconds)
+  # A step pulls the whole model and pushes a whole gradient: 2M on the
+  # learners' links per gradient, plus headers; the meter samples every
+  # 0.5 s, a fair share of so short an epoch (one pull or push more or less
+  # would be 1.5 or 2.5).
+  assert 1.6 < row["learner_wire_m_per_gradient"] < 2.4

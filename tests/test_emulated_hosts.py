@@ -86,6 +86,42 @@ def test_hosts_reach_each_other_on_their_own_addresses_only():
   assert receiver.poll() is not None  # killed at close
 
 
+def test_link_bytes_count_what_each_host_sent_and_received():
+  with emulated_hosts.EmulatedHosts(3) as hosts:
+    receiver = hosts.run(0, [sys.executable, "-c", _RECEIVER],
+                         stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout.readline().strip() == "listening"
+    with emulated_hosts.LinkMeter(hosts, period_s=0.05) as meter:
+      before = hosts.link_bytes()
+      assert _send(hosts, 1, hosts.address(0), 1_000_000).wait(30) == 0
+      assert receiver.stdout.readline().split() == ["received", "1000000"]
+      after = hosts.link_bytes()
+    sent = {host: after[host][0] - before[host][0] for host in after}
+    received = {host: after[host][1] - before[host][1] for host in after}
+    # The payload plus TCP/IP/Ethernet headers (~66 bytes per 1448-byte
+    # segment: under 6%) and a handshake; host 2 took no part.
+    assert 1_000_000 < sent[1] < 1_060_000
+    assert 1_000_000 < received[0] < 1_060_000
+    assert sent[2] < 1_000 and received[2] < 1_000
+    # The meter's window from before the send to after it holds the same.
+    window = meter.bytes_between(meter.samples[0][0], meter.samples[-1][0])
+    assert 1_000_000 < window[1][0] < 1_060_000
+    assert window[2][0] < 1_000
+    with pytest.raises(ValueError, match="sampled window"):
+      meter.bytes_between(meter.samples[0][0] - 10, meter.samples[-1][0])
+
+
+def test_the_meter_interpolates_between_its_samples():
+  meter = emulated_hosts.LinkMeter(hosts=None)
+  meter.samples = [(0.0, {0: (0, 0)}), (2.0, {0: (100, 40)}),
+                   (3.0, {0: (100, 100)})]
+  # [0.5, 1.5] is half of the first interval: 50 sent, 20 received.
+  assert meter.bytes_between(0.5, 1.5) == {0: (50.0, 20.0)}
+  # [1, 2.5]: 50 of the first interval's 100 sent, none in the second;
+  # 20 received in the first, half of the second's 60.
+  assert meter.bytes_between(1.0, 2.5) == {0: (50.0, 50.0)}
+
+
 def test_an_exception_inside_the_block_leaves_nothing_behind():
   with pytest.raises(RuntimeError, match="boom"):
     with emulated_hosts.EmulatedHosts(2) as hosts:
