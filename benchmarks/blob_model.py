@@ -3,8 +3,12 @@
 `blob_model(megabytes)` holds `megabytes` of float32 weights in PARTS
 variables (spread round-robin over the ps tasks) and computes next to
 nothing with them: the loss adds each part's first element, so every push
-still carries a dense gradient of the full size (TensorFlow's slice gradient
-is dense), as a real model's would.
+is a dense gradient of the full size in the graph (TensorFlow's slice
+gradient is dense), as a real model's would be. On the wire it can be
+smaller: with parts too big to be packed (10 MB and up), emulated hosts'
+links carried 0.12-0.55 of the model's bytes per push (docs/performance.md,
+"Parameter-server capacity where the network is the limit"); the pull always
+carries all of it.
 """
 
 import tensorflow as tf

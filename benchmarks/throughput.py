@@ -128,8 +128,9 @@ def add_ratios(rows):
   `updates_vs_single` divide updates/s; `vs_tf_keras` (a Keras 3 row)
   divides its examples/s by the same protocol's with tf_keras;
   `vs_single_global_batch` by the single process's at μλ per step (the
-  same global batch: what the targets compare with, since a process at μ
-  leaves cores idle that λ learners fill).
+  same global batch: a process at μ leaves cores idle that λ learners
+  fill); `vs_parameter_server_fast` (a ":fast" row) by stock's ":fast"
+  (both 20 steps per closure).
   """
   def find(contender, model, learners, straggler, repeat):
     for other in rows:
@@ -148,6 +149,12 @@ def add_ratios(rows):
         else None
     stock = find("parameter_server", row["model"], row["learners"],
                  row["straggler"], repeat)
+    stock_fast = find("parameter_server:fast", row["model"], row["learners"],
+                      row["straggler"], repeat) \
+        if row["contender"].endswith(":fast") else None
+    row["vs_parameter_server_fast"] = (
+        row["examples_per_s"] / stock_fast["examples_per_s"]) \
+        if stock_fast else None
     single = find("single", row["model"], 1, "", repeat)
     global_batch = find("single:global_batch", row["model"], row["learners"],
                         "", repeat)
@@ -170,7 +177,7 @@ def add_ratios(rows):
 # repeat, side by side).
 _MEDIAN_FIGURES = ("updates_per_s", "pushes_per_s", "examples_per_s",
                    "staleness_mean", "cpu_ms_per_push")
-_RATIOS = ("vs_parameter_server", "vs_single", "vs_single_global_batch",
+_RATIOS = ("vs_parameter_server", "vs_parameter_server_fast", "vs_single", "vs_single_global_batch",
            "vs_tf_keras", "updates_vs_parameter_server", "updates_vs_single")
 
 
@@ -214,10 +221,10 @@ def _cpu_cores(cores):
 
 def markdown(rows):
   lines = ["| model | λ | straggler (ms) | contender | updates/s | pushes/s | "
-           "examples/s | vs stock PS | vs single | vs single at μλ | vs "
-           "tf_keras | updates/s vs stock PS / single | σ mean | CPU cores "
-           "(chief / worker / ps = all) | CPU ms per push | memory MB (chief "
-           "/ worker / ps) |", "|---" * 16 + "|"]
+           "examples/s | vs stock PS | vs stock PS:fast | vs single | "
+           "vs single at μλ | vs tf_keras | updates/s vs stock PS / single | "
+           "σ mean | CPU cores (chief / worker / ps = all) | CPU ms per push | "
+           "memory MB (chief / worker / ps) |", "|---" * 17 + "|"]
   for row in rows:
     memory = row["memory_mb"]
     lines.append(
@@ -225,6 +232,7 @@ def markdown(rows):
         f"{row['contender']} | {row['updates_per_s']:.1f} | "
         f"{row['pushes_per_s']:.1f} | {row['examples_per_s']:.0f} | "
         f"{_ratio(row, 'vs_parameter_server')} | "
+        f"{_ratio(row, 'vs_parameter_server_fast')} | "
         f"{_ratio(row, 'vs_single')} | "
         f"{_ratio(row, 'vs_single_global_batch')} | "
         f"{_ratio(row, 'vs_tf_keras')} | "

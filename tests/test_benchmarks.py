@@ -52,8 +52,18 @@ def test_ratios_against_stock_ps_and_single_process():
       {"contender": "rudra:hardsync:keras3", "model": "m", "learners": 2,
        "straggler": "", "examples_per_s": 450.0, "updates_per_s": 9.0},
       {"contender": "single:global_batch", "model": "m", "learners": 2,
-       "straggler": "", "examples_per_s": 1600.0, "updates_per_s": 25.0}]
+       "straggler": "", "examples_per_s": 1600.0, "updates_per_s": 25.0},
+      {"contender": "parameter_server:fast", "model": "m", "learners": 2,
+       "straggler": "", "examples_per_s": 800.0, "updates_per_s": 25.0},
+      {"contender": "rudra:async:fast", "model": "m", "learners": 2,
+       "straggler": "", "examples_per_s": 1000.0, "updates_per_s": 31.25}]
   throughput.add_ratios(rows)
+  # A ":fast" row against stock's ":fast" too: 1000 / 800; and against
+  # stock at one step per closure, as every row: 1000 / 400.
+  assert rows[7]["vs_parameter_server_fast"] == 1.25
+  assert rows[7]["vs_parameter_server"] == 2.5
+  assert rows[6]["vs_parameter_server_fast"] == 1.0
+  assert rows[2]["vs_parameter_server_fast"] is None  # not a ":fast" row
   # λ = 2 against one process at μλ per step: 500 / 1600.
   assert rows[2]["vs_single_global_batch"] == 0.3125
   assert rows[1]["vs_single_global_batch"] == 0.25
