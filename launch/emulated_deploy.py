@@ -1,4 +1,4 @@
-"""A launch.train deploy across emulated hosts: one task per host.
+r"""A launch.train deploy across emulated hosts: one task per host.
 
 Each task runs the command a pod of a real deploy runs (docs/deploy.md):
 `python -m launch.train FLAGS` with its TF_CONFIG, made by
