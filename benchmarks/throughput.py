@@ -139,36 +139,26 @@ def add_ratios(rows):
               contender, model, learners, straggler, repeat):
         return other
     return None
+  def divided(row, other, figure="examples_per_s"):
+    return row[figure] / other[figure] if other else None
   for row in rows:
     repeat = row.get("repeat", 0)
-    tf_keras_row = (find(row["contender"][:-len(":keras3")], row["model"],
-                         row["learners"], row["straggler"], repeat)
+    same_point = (row["model"], row["learners"], row["straggler"], repeat)
+    tf_keras_row = (find(row["contender"][:-len(":keras3")], *same_point)
                     if row["contender"].endswith(":keras3") else None)
-    row["vs_tf_keras"] = (row["examples_per_s"] /
-                          tf_keras_row["examples_per_s"]) if tf_keras_row \
-        else None
-    stock = find("parameter_server", row["model"], row["learners"],
-                 row["straggler"], repeat)
-    stock_fast = find("parameter_server:fast", row["model"], row["learners"],
-                      row["straggler"], repeat) \
-        if row["contender"].endswith(":fast") else None
-    row["vs_parameter_server_fast"] = (
-        row["examples_per_s"] / stock_fast["examples_per_s"]) \
-        if stock_fast else None
+    stock = find("parameter_server", *same_point)
+    stock_fast = (find("parameter_server:fast", *same_point)
+                  if row["contender"].endswith(":fast") else None)
     single = find("single", row["model"], 1, "", repeat)
     global_batch = find("single:global_batch", row["model"], row["learners"],
                         "", repeat)
-    row["vs_single_global_batch"] = (
-        row["examples_per_s"] / global_batch["examples_per_s"]) \
-        if global_batch else None
-    row["vs_parameter_server"] = (row["examples_per_s"] /
-                                  stock["examples_per_s"]) if stock else None
-    row["vs_single"] = (row["examples_per_s"] /
-                        single["examples_per_s"]) if single else None
-    row["updates_vs_parameter_server"] = (
-        row["updates_per_s"] / stock["updates_per_s"]) if stock else None
-    row["updates_vs_single"] = (
-        row["updates_per_s"] / single["updates_per_s"]) if single else None
+    row["vs_tf_keras"] = divided(row, tf_keras_row)
+    row["vs_parameter_server"] = divided(row, stock)
+    row["vs_parameter_server_fast"] = divided(row, stock_fast)
+    row["vs_single"] = divided(row, single)
+    row["vs_single_global_batch"] = divided(row, global_batch)
+    row["updates_vs_parameter_server"] = divided(row, stock, "updates_per_s")
+    row["updates_vs_single"] = divided(row, single, "updates_per_s")
   return rows
 
 
@@ -177,8 +167,9 @@ def add_ratios(rows):
 # repeat, side by side).
 _MEDIAN_FIGURES = ("updates_per_s", "pushes_per_s", "examples_per_s",
                    "staleness_mean", "cpu_ms_per_push")
-_RATIOS = ("vs_parameter_server", "vs_parameter_server_fast", "vs_single", "vs_single_global_batch",
-           "vs_tf_keras", "updates_vs_parameter_server", "updates_vs_single")
+_RATIOS = ("vs_parameter_server", "vs_parameter_server_fast", "vs_single",
+           "vs_single_global_batch", "vs_tf_keras",
+           "updates_vs_parameter_server", "updates_vs_single")
 
 
 def combine_repeats(rows):

@@ -77,9 +77,9 @@ class Ops(typing.NamedTuple):
 NUMPY_OPS = Ops(np.sqrt, np.abs)
 
 
-def _check_decay(name, decay):
+def _check_decay(decay):
   if not 0 <= decay < 1:
-    raise ValueError(f"{name} must be in [0, 1), got {decay!r}.")
+    raise ValueError(f"decay must be in [0, 1), got {decay!r}.")
 
 
 def delay_compensated(gradient, current, pulled, strength):
@@ -93,7 +93,7 @@ def delay_compensated(gradient, current, pulled, strength):
 
 def updated_mean_square(mean_square, gradient, decay):
   """m · ms + (1 − m) · g ⊙ g: a moving average of the squared gradient."""
-  _check_decay("decay", decay)
+  _check_decay(decay)
   return decay * mean_square + (1 - decay) * gradient * gradient
 
 
@@ -116,7 +116,7 @@ def typical_step(mean_square, gradients_averaged, step_size,
       correction: v starts at 0).
     step_size: α, the learning rate's largest value.
   """
-  _check_decay("decay", decay)
+  _check_decay(decay)
   if gradients_averaged < 1:
     raise ValueError("gradients_averaged must be >= 1 (v is updated with "
                      f"this gradient first), got {gradients_averaged!r}.")
