@@ -26,7 +26,9 @@ def define_flags():
                       "or the tensorflow-datasets data_dir).")
   flags.DEFINE_string("manual_dir", None, "ImageNet archives (tfds manual_dir).")
   flags.DEFINE_string("protocol", "2-softsync",
-                      'hardsync | async | "<n>-softsync" with 1 <= n <= λ.')
+                      'hardsync | async | "<n>-softsync" with 1 <= n <= λ | '
+                      '"<b>-backup-hardsync" with 1 <= b < λ (rounds of '
+                      'the first λ − b gradients; late ones dropped).')
   flags.DEFINE_float("lr", 0.1, "Base learning rate α0 (SGD with momentum).")
   flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
   flags.DEFINE_string("lr_policy", "divide_by_n",

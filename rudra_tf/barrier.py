@@ -1,7 +1,7 @@
 """Hardsync's barrier: a shard's pull tokens, as a small state machine.
 
 A token is one pull allowed in the current round. Exactly λ pulls may read
-each version of a shard, and the update that consumes their λ gradients
+each version of a shard, and the update that consumes their c = λ gradients
 hands out λ new tokens, so a learner cannot pull the next version before
 the round its gradient belongs to is complete (σ = 0 always). The counters
 (`transition.Counters`) are `available`, `holding[learner]` and `pending`.
@@ -10,9 +10,19 @@ Each token is in one of three places:
 
     AVAILABLE --take (a live learner's pull)----------------> HELD(learner)
     HELD(L)   --L's push accepted, round not complete-------> PENDING
-    HELD(L)   --L's push not accepted (dropped, duplicate)--> AVAILABLE
+    HELD(L)   --L's push a duplicate------------------------> AVAILABLE
+    HELD(L)   --L's push late (backup rounds)---------------> HELD(L)
+    HELD(L)   --L's next pull reuses it (backup rounds)-----> HELD(L)
     HELD(L)   --L died (release, chief side)----------------> AVAILABLE
-    PENDING   --a push completes the round: λ tokens--------> AVAILABLE
+    PENDING   --a push completes the round: c tokens--------> AVAILABLE
+
+Backup rounds ("<b>-backup-hardsync", c = λ − b): a round completes with
+the first c gradients of its version, so c tokens come back; the b learners
+still computing on that version keep theirs, and their late gradient
+(σ = 1) is dropped. A late learner's next pull reads the new version with
+the token it kept (`reuse`), never with one a round handed out: every
+learner, fast or late, pulls each version at most once, and one that
+pushed into a round waits for the round to complete.
 
 so in an EXACT barrier, `available + Σ holding + pending == λ` (the
 conservation rule, asserted by tests/test_barrier.py after every
@@ -41,6 +51,16 @@ Worked trajectory (λ = 2, one shard; a = available, h = holding, p = pending):
     release(0)      a=2 h=[0,0] p=0
     open            a=4 h=[0,0] p=0   (OPENED)
     refill          a=2 h=[0,0] p=0   (EXACT)
+
+The same with one backup ("1-backup-hardsync", λ = 3, c = 2):
+
+    start           a=3 h=[0,0,0] p=0
+    take(0..2)      a=0 h=[1,1,1] p=0
+    push(0) kept    a=0 h=[0,1,1] p=1
+    push(1) round   a=2 h=[0,0,1] p=0   (c = 2 tokens back; version 1)
+    take(0), (1)    a=0 h=[1,1,1] p=0
+    push(2) late    a=0 h=[1,1,1] p=0   (σ = 1: dropped, token kept)
+    reuse(2)        a=0 h=[1,1,1] p=0   (learner 2 reads version 1)
 """
 
 
@@ -53,21 +73,34 @@ def take(counters, learner, live, ops):
   return taken, changes
 
 
-def returned_by_push(counters, num_learners, learner, live, accepted,
+def reuse(counters, learner, live, ops):
+  """Whether a pull reads with the token its learner kept from a late push
+  (backup rounds; takes nothing, so it changes nothing)."""
+  return ops.logical_and(counters.holding[learner] > 0, live)
+
+
+def returned_by_push(counters, protocol, learner, live, delivered, accepted,
                      complete, ops):
   """What a push does to the tokens. Returns (changes, tokens made available).
 
-  A live learner's push gives up the token it held: to the round if its
-  gradient was not taken (AVAILABLE), to PENDING otherwise; a completed
-  round makes λ available. A dead incarnation's token was released already.
+  A live learner's push gives up the token it held: to the round if it was
+  a duplicate (AVAILABLE), to PENDING if its gradient was taken; a late
+  gradient of a backup round keeps it (HELD, for the learner's next pull).
+  A completed round makes c available. A dead incarnation's token was
+  released already.
   """
+  kept = False
+  if protocol.backup and learner is not None:  # None: nobody to keep it
+    kept = ops.logical_and(delivered, ops.logical_not(accepted))
+  gives_up = ops.logical_and(live, ops.logical_not(kept))
   changes = []
   if learner is not None:
     held = counters.holding[learner]
     changes.append(("holding", learner,
-                    (ops.maximum(held - 1, 0) - held) * ops.one(live)))
-  tokens_back = (ops.one(ops.logical_and(live, ops.logical_not(accepted))) +
-                 ops.one(complete) * num_learners)
+                    (ops.maximum(held - 1, 0) - held) * ops.one(gives_up)))
+  tokens_back = (
+      ops.one(ops.logical_and(gives_up, ops.logical_not(accepted))) +
+      ops.one(complete) * protocol.gradients_per_update)
   changes.append(("available", None, tokens_back))
   return changes, tokens_back
 

@@ -17,6 +17,11 @@ Worked trajectories (λ = 4):
 * "1-softsync": c = 4, no barrier.
 * "2-softsync": c = 2; "divide_by_n" scales α0 by 1/2.
 * "async":      c = 1 (= "4-softsync"); "divide_by_n" scales α0 by 1/4.
+* "1-backup-hardsync": c = 3; each round takes the first 3 gradients of
+  the current version and drops the late one (σ = 1; the accepted ones
+  all have σ = 0). Chen et al., "Revisiting Distributed Synchronous SGD"
+  (arXiv 1604.00981); TF1's SyncReplicasOptimizer with
+  replicas_to_aggregate = λ − b.
 * "divide_by_staleness" weighs each gradient by 1/σ (σ > 0) and by 1 (σ = 0):
   staleness 0, 1, 2, 4 give weights 1, 1, 1/2, 1/4.
 """
@@ -27,7 +32,9 @@ import re
 HARDSYNC = "hardsync"
 ASYNC = "async"
 SOFTSYNC_SUFFIX = "-softsync"
-VALID_PROTOCOLS_TEXT = '"hardsync", "async" or "<n>-softsync" with 1 <= n <= λ'
+BACKUP_SUFFIX = "-backup-hardsync"
+VALID_PROTOCOLS_TEXT = ('"hardsync", "async", "<n>-softsync" with 1 <= n <= λ '
+                        'or "<b>-backup-hardsync" with 1 <= b < λ')
 
 # lr_policy values.
 LR_NONE = "none"
@@ -36,6 +43,7 @@ LR_DIVIDE_BY_STALENESS = "divide_by_staleness"
 LR_POLICIES = (LR_NONE, LR_DIVIDE_BY_N, LR_DIVIDE_BY_STALENESS)
 
 _SOFTSYNC_RE = re.compile(r"^(\d+)-softsync$")
+_BACKUP_RE = re.compile(r"^(\d+)-backup-hardsync$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,16 +57,21 @@ class Protocol:
     gradients_per_update: c = floor(λ / n).
     barrier: True for hardsync: a learner may not pull new weights while the
       update its previous gradient belongs to is still pending.
+    backup: b, hardsync's backup learners: each round takes the first
+      c = λ − b gradients of its version and drops the late ones (0: plain
+      hardsync, and every other protocol).
   """
   name: str
   num_learners: int
   n: int
   gradients_per_update: int
   barrier: bool
+  backup: int = 0
 
 
 def parse_protocol(protocol, num_learners):
-  """Parses "hardsync", "async" or "<n>-softsync" for λ learners.
+  """Parses "hardsync", "async", "<n>-softsync" or "<b>-backup-hardsync"
+  for λ learners.
 
   Raises:
     ValueError: naming the bad value and the valid ones.
@@ -72,6 +85,16 @@ def parse_protocol(protocol, num_learners):
     return Protocol(HARDSYNC, num_learners, 1, num_learners, barrier=True)
   if text == ASYNC:
     return Protocol(ASYNC, num_learners, num_learners, 1, barrier=False)
+  backup = _BACKUP_RE.match(text) if isinstance(text, str) else None
+  if backup:
+    b = int(backup.group(1))
+    if not 1 <= b < num_learners:
+      raise ValueError(
+          f"Protocol {protocol!r} needs 1 <= b < λ backup learners, but "
+          f"b = {b} and the cluster has λ = {num_learners} learners; valid "
+          f"protocols are {VALID_PROTOCOLS_TEXT}.")
+    return Protocol(f"{b}{BACKUP_SUFFIX}", num_learners, 1, num_learners - b,
+                    barrier=True, backup=b)
   match = _SOFTSYNC_RE.match(text) if isinstance(text, str) else None
   if not match:
     raise ValueError(

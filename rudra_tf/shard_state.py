@@ -320,6 +320,17 @@ class ShardState(tf_hooks.AutoTrackable):
 
     # Not done yet, computed from `after` so that the loop starts after it.
     start = tf.constant(False) if after is None else tf.logical_not(after)
+    if self._protocol.backup and learner is not None:
+      # A late learner pulls with the token it kept, without waiting: no
+      # wake-up was rung for it (barrier.py).
+      def reused():
+        return barrier.reuse(self._layout.counters(self.ledger.live_read()),
+                             learner, tf.logical_not(
+                                 self._stale(learner, incarnation)),
+                             _TENSOR_OPS)
+      with tf.control_dependencies([start]):
+        start = tf.logical_or(start, self._lock.execute(
+            reused, exclusive_resource_access=False))
     return tf.while_loop(tf.logical_not, body, [start])[0]
 
   # -------------------------------------------------------------------- pull

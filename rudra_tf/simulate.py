@@ -129,14 +129,21 @@ class ProtocolServer:
     """Hardsync tokens available (None without a barrier)."""
     return int(self.counters.available) if self.protocol.barrier else None
 
-  def can_pull(self):
-    return not self.protocol.barrier or self.counters.available > 0
+  def _reuses(self, learner):
+    """A backup round's late learner pulls with the token it kept."""
+    return bool(self.protocol.backup and learner is not None and
+                barrier.reuse(self.counters, learner, True,
+                              transition.NUMPY_OPS))
+
+  def can_pull(self, learner=None):
+    return (not self.protocol.barrier or self.counters.available > 0 or
+            self._reuses(learner))
 
   def pull(self, learner=None):
     """Returns the timestamp a pull reads (taking a hardsync token)."""
-    if not self.can_pull():
+    if not self.can_pull(learner):
       raise RuntimeError("hardsync pull without a token")
-    if self.protocol.barrier:
+    if self.protocol.barrier and not self._reuses(learner):
       _, changes = barrier.take(self.counters, learner, True,
                                 transition.NUMPY_OPS)
       self.counters = transition.apply(self.counters, changes)
@@ -189,7 +196,7 @@ def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
     heapq.heappush(events, (time, sequence, learner, is_pull))
 
   def start(learner, now):
-    if not server.can_pull():
+    if not server.can_pull(learner):
       waiting.append(learner)
       return
     pulled[learner] = server.pull(learner)

@@ -176,6 +176,15 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   * "<n>-softsync": an update as soon as c = floor(λ/n) gradients arrived,
     from any learners, with no barrier. "1-softsync" has c = λ.
   * "async" (= "λ-softsync"): c = 1, each gradient is applied on arrival.
+  * "<b>-backup-hardsync": hardsync with b backup learners (Chen et al.,
+    arXiv 1604.00981; TF1's SyncReplicasOptimizer with
+    replicas_to_aggregate = λ − b): each round takes the first c = λ − b
+    gradients computed on its version, and a gradient that arrives after
+    its version's round is dropped and counted (`dropped`; the accepted
+    ones all have σ = 0). A learner pulls each version at most once; one
+    whose gradient a round took waits for that round, a late one pulls the
+    new version at once (barrier.py). A slow learner stops slowing the
+    rounds; its gradients are spent.
 
   The learning-rate policy (α0, α0/n, α0/σ) belongs to
   `rudra_tf.StalenessAwareOptimizer`, which wraps the model's optimizer. A

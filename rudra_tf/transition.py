@@ -18,6 +18,7 @@ What a push does, with c = gradients per update (protocol.py):
     delivered = fresh (its closure's earlier run did not deliver it,
                 push_keys.py) and live (its learner incarnation is alive)
     accepted  = delivered and σ <= max_staleness (if a bound is set)
+                and σ == 0 (backup hardsync: a late gradient is dropped)
     complete  = accepted and pending + 1 >= c
     received, staleness_sum, staleness_max, histogram[min(σ, bins - 1)],
         learners[learner]                         count it if delivered
@@ -136,6 +137,9 @@ def push(counters, pulled_timestamp, protocol, bins, *, max_staleness=None,
   if max_staleness is not None:
     accepted = ops.logical_and(
         accepted, protocol_lib.accepts_gradient(staleness, max_staleness))
+  if protocol.backup:
+    # The round of the gradient's version is complete: too late.
+    accepted = ops.logical_and(accepted, staleness <= 0)
   complete = ops.logical_and(accepted, counters.pending + 1 >= c)
   got, took, done = ops.one(delivered), ops.one(accepted), ops.one(complete)
   changes = [
@@ -157,7 +161,7 @@ def push(counters, pulled_timestamp, protocol, bins, *, max_staleness=None,
   tokens_back = 0
   if protocol.barrier:
     token_changes, tokens_back = barrier.returned_by_push(
-        counters, protocol.num_learners, learner, live, accepted, complete,
+        counters, protocol, learner, live, delivered, accepted, complete,
         ops)
     changes += token_changes
   return Push(staleness, delivered, accepted, complete, tokens_back,

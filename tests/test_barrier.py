@@ -73,16 +73,65 @@ def test_refill_keeps_the_pending_gradients_tokens():
   assert barrier.tokens_in_play(counters) == 3
 
 
+def test_the_docstring_backup_trajectory():
+  # λ = 3, one backup (c = 2): the round takes learners 0 and 1; learner 2's
+  # gradient of version 0 arrives late, is dropped, and its token stays with
+  # it for its pull of version 1, which no fast learner can take.
+  parsed = protocol_lib.parse_protocol("1-backup-hardsync", 3)
+  counters = transition.Counters.initial(parsed, BINS)
+  pulled = {}
+
+  def take(learner):
+    nonlocal counters
+    if barrier.reuse(counters, learner, True, OPS):
+      pulled[learner] = int(counters.timestamp)
+      return "reused"
+    taken, changes = barrier.take(counters, learner, True, OPS)
+    counters = transition.apply(counters, changes)
+    if taken:
+      pulled[learner] = int(counters.timestamp)
+    return bool(taken)
+
+  def push(learner):
+    nonlocal counters
+    result = transition.push(counters, pulled.pop(learner), parsed, BINS,
+                             learner=learner)
+    counters = transition.apply(counters, result.changes)
+    return int(result.staleness), bool(result.accepted)
+
+  assert all(take(learner) for learner in range(3))
+  assert tokens(counters) == (0, [1, 1, 1], 0)
+  assert push(0) == (0, True) and tokens(counters) == (0, [0, 1, 1], 1)
+  assert push(1) == (0, True)  # the round: c = 2 tokens back
+  assert tokens(counters) == (2, [0, 0, 1], 0) and counters.timestamp == 1
+  assert take(0) and take(1) and tokens(counters) == (0, [1, 1, 1], 0)
+  assert push(2) == (1, False)  # late: dropped, token kept
+  assert tokens(counters) == (0, [1, 1, 1], 0) and counters.dropped == 1
+  assert push(0) == (0, True)
+  assert take(0) is False  # learner 0 waits for the round...
+  assert take(2) == "reused" and pulled[2] == 1  # ...learner 2 does not
+  assert push(2) == (0, True) and counters.timestamp == 2
+  assert tokens(counters) == (2, [0, 1, 0], 0)
+  # timestamp * c + pending == received - dropped
+  assert 2 * 2 + 0 == counters.received - counters.dropped
+
+
 @pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("num_learners", [1, 2, 4])
-def test_conservation_through_random_transitions(seed, num_learners):
+@pytest.mark.parametrize("protocol,num_learners", [
+    ("hardsync", 1), ("hardsync", 2), ("hardsync", 4),
+    ("1-backup-hardsync", 2), ("1-backup-hardsync", 4),
+    ("3-backup-hardsync", 4)])
+def test_conservation_through_random_transitions(seed, protocol,
+                                                 num_learners):
   # Takes, pushes (kept, dropped by max_staleness, duplicates), deaths with
   # release: available + Σ held + pending == λ after each. An open breaks
-  # it (OPENED) and a refill restores it.
+  # it (OPENED) and a refill restores it. With backups, a late push keeps
+  # its learner's token and that learner's next pull reuses it.
   rng = np.random.default_rng(seed)
-  parsed = protocol_lib.parse_protocol("hardsync", num_learners)
+  parsed = protocol_lib.parse_protocol(protocol, num_learners)
   counters = transition.Counters.initial(parsed, BINS)
   holding = [0] * num_learners  # tokens each learner's live steps hold
+  kept = [False] * num_learners  # ... of which kept from a late push
   for _ in range(300):
     learner = int(rng.integers(num_learners))
     move = rng.random()
@@ -90,7 +139,10 @@ def test_conservation_through_random_transitions(seed, num_learners):
       taken, changes = barrier.take(counters, learner, True, OPS)
       counters = transition.apply(counters, changes)
       holding[learner] += int(taken)
-    elif move < 0.9 and holding[learner]:
+    elif move < 0.45 and kept[learner]:
+      assert barrier.reuse(counters, learner, True, OPS)
+      kept[learner] = False
+    elif move < 0.9 and holding[learner] and not kept[learner]:
       # A pull of the previous version now and then, so that
       # max_staleness=0 drops some gradients.
       pulled = max(0, int(counters.timestamp) - int(rng.integers(2)))
@@ -99,16 +151,26 @@ def test_conservation_through_random_transitions(seed, num_learners):
           fresh=bool(rng.random() > 0.1),
           max_staleness=None if rng.random() > 0.1 else 0)
       counters = transition.apply(counters, push.changes)
-      holding[learner] -= 1
+      late = bool(push.delivered) and not bool(push.accepted)
+      kept[learner] = bool(parsed.backup) and late
+      holding[learner] -= not kept[learner]
     else:
       _, changes = barrier.release(counters, learner, OPS)
       counters = transition.apply(counters, changes)
       holding[learner] = 0
+      kept[learner] = False
     assert barrier.tokens_in_play(counters) == num_learners
     assert counters.holding.tolist() == holding
+    assert received_minus_dropped(counters, parsed)
   assert counters.dropped > 0 and counters.duplicates > 0
   counters = transition.apply(counters, barrier.open_barrier(num_learners))
   assert barrier.tokens_in_play(counters) == 2 * num_learners
   counters = transition.apply(counters, barrier.refill(counters,
                                                        num_learners))
   assert barrier.tokens_in_play(counters) == num_learners
+
+
+def received_minus_dropped(counters, parsed):
+  """The shard invariant: timestamp * c + pending == received - dropped."""
+  return (counters.timestamp * parsed.gradients_per_update +
+          counters.pending == counters.received - counters.dropped)

@@ -16,6 +16,8 @@ from rudra_tf import protocol as p
     ("15-softsync", 30, 15, 2, False),
     ("hardsync", 1, 1, 1, True),
     (" Async ", 3, 3, 1, False),      # spelling is forgiving about case/space
+    ("1-backup-hardsync", 4, 1, 3, True),  # c = λ − b
+    ("3-backup-hardsync", 4, 1, 1, True),
 ])
 def test_parse_protocol(text, num_learners, n, c, barrier):
   parsed = p.parse_protocol(text, num_learners)
@@ -31,13 +33,25 @@ def test_parse_protocol(text, num_learners, n, c, barrier):
     ("5-softsync", "n = 5"),
     ("-1-softsync", "Unknown protocol"),
     (None, "Unknown protocol None"),
+    ("0-backup-hardsync", "b = 0"),
+    ("4-backup-hardsync", "b = 4"),   # no learner left for the round
+    ("backup-hardsync", "Unknown protocol"),
 ])
 def test_bad_protocols_name_value_and_valid_ones(text, fragment):
   with pytest.raises(ValueError) as error:
     p.parse_protocol(text, 4)
   assert fragment in str(error.value)
-  assert '"hardsync", "async" or "<n>-softsync"' in str(error.value)
+  assert ('"hardsync", "async", "<n>-softsync" with 1 <= n <= λ or '
+          '"<b>-backup-hardsync" with 1 <= b < λ') in str(error.value)
   assert "λ = 4" in str(error.value)
+
+
+def test_backup_hardsync_names_its_backups_and_keeps_hardsyncs_rate():
+  parsed = p.parse_protocol(" 2-Backup-Hardsync", 5)
+  assert (parsed.name, parsed.backup, parsed.n) == ("2-backup-hardsync", 2, 1)
+  assert p.parse_protocol("hardsync", 5).backup == 0
+  # σ of an accepted gradient is 0, as in hardsync: α0/n divides by nothing.
+  assert p.learning_rate_multiplier("divide_by_n", parsed) == 1.0
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])

@@ -92,8 +92,39 @@ def test_speed_model_from_step_times():
     simulate.SpeedModel.from_step_times([0, 100])
 
 
+def test_backup_hardsync_trajectory_by_hand():
+  # λ = 4, one backup (c = 3), equal speeds, ties to the lower index: at
+  # t = 1 learners 0, 1, 2 complete round 1 and pull version 1; learner 3's
+  # gradient of version 0 is late (σ = 1, dropped) and it pulls version 1
+  # with the token it kept. Every round repeats this.
+  ps = server("1-backup-hardsync", 4)
+  pushes = simulate.run_protocol(ps, 12)
+  assert staleness(pushes) == [0, 0, 0, 1] * 3
+  assert [learner for _, learner, _ in pushes] == [0, 1, 2, 3] * 3
+  assert [t for t, _, _ in pushes] == [1.0] * 4 + [2.0] * 4 + [3.0] * 4
+  assert (ps.timestamp, ps.pending, ps.dropped) == (3, 0, 3)
+
+
+def test_backup_hardsync_does_not_wait_for_a_straggler():
+  # λ = 4, learner 0 four times slower. Hardsync's rounds take 4 time units
+  # each; with one backup, learners 1-3 complete a round each time unit and
+  # the straggler's gradients (σ = 3 or 4 when they land) are all dropped.
+  straggler = simulate.SpeedModel("straggler", straggler_factor=4.0)
+  hard = simulate.run_protocol(server("hardsync", 4), 80, straggler)
+  ps = server("1-backup-hardsync", 4)
+  backup = simulate.run_protocol(ps, 80, straggler)
+  assert hard[-1][0] == pytest.approx(80 / 4 * 4.0)
+  # 13 pushes per 4 time units (12 from the fast three, 1 late): 78 by
+  # t = 24, and the 79th and 80th at t = 25.
+  assert backup[-1][0] == pytest.approx(25.0)
+  late = [s for _, learner, s in backup if learner == 0]
+  assert ps.dropped == len(late) == 6 and min(late) >= 3
+  assert ps.histogram[0] == ps.received - ps.dropped  # accepted: σ = 0
+
+
 @pytest.mark.parametrize("protocol,num_learners", [
-    ("hardsync", 4), ("1-softsync", 4), ("2-softsync", 5), ("async", 3)])
+    ("hardsync", 4), ("1-softsync", 4), ("2-softsync", 5), ("async", 3),
+    ("1-backup-hardsync", 4), ("2-backup-hardsync", 5)])
 @pytest.mark.parametrize("seed", range(4))
 def test_invariants_under_random_speeds(protocol, num_learners, seed):
   ps = server(protocol, num_learners, max_staleness=3)
@@ -103,7 +134,10 @@ def test_invariants_under_random_speeds(protocol, num_learners, seed):
   c = ps.protocol.gradients_per_update
   assert ps.timestamp * c + ps.pending == ps.received - ps.dropped
   assert ps.received == 157 == ps.histogram.sum()
-  assert ps.dropped == ps.histogram[4:].sum()
+  if ps.protocol.backup:  # a late gradient is dropped whatever its σ
+    assert ps.dropped == ps.histogram[1:].sum() > 0
+  else:
+    assert ps.dropped == ps.histogram[4:].sum()
   if protocol == "hardsync":
     assert ps.histogram[0] == 157
 

@@ -216,6 +216,28 @@ def test_hardsync_on_two_shards_is_never_stale_and_exact():
   assert_invariants(report)
 
 
+def test_backup_hardsync_drops_the_stragglers_late_gradients():
+  # λ = 3, "1-backup-hardsync" (c = 2), learner 0 sleeping 0.4 s a step,
+  # the others not at all: rounds complete with the two fast learners, and
+  # every gradient of learner 0 that lands after its version's round is
+  # dropped and counted. Accepted gradients all have σ = 0.
+  report = run_in_fresh_process(backup_round_with_a_straggler, steps=30,
+                                timeout=300)
+  (shard,) = report["shards"]
+  assert shard["gradients"] == 30
+  assert report["gradients_per_update"] == 2
+  assert shard["dropped"] > 0
+  assert shard["dropped"] == shard["histogram"][1:].sum()
+  assert shard["histogram"][0] == 30 - shard["dropped"]
+  assert_invariants(report)
+  # The straggler sent few of the 30 and its late ones are the dropped.
+  assert shard["learner_gradients"][0] < 10
+  assert shard["dropped"] <= shard["learner_gradients"][0]
+  # Tokens: available + held (a late learner keeps its own) + pending == λ.
+  ((available, held),) = report["tokens"]
+  assert available + sum(held) + shard["pending"] == 3
+
+
 def test_strategy_run_variants_run_as_on_stock():
   # tf_keras's own PS tests call strategy.run these ways; stock runs both.
   result = run_in_fresh_process(strategy_run_variants)
@@ -345,6 +367,30 @@ def fit_and_report(num_learners, protocol, epochs=1, steps=40, num_ps=1,
   if strategy.protocol.barrier:
     result["tokens"] = [shard.token_counts() for shard in strategy._shards]  # pylint: disable=protected-access
   return result
+
+
+def backup_round_with_a_straggler(steps):
+  """λ = 3 with one backup; learner 0's input sleeps 0.4 s a batch."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from rudra_tf import datasets  # pylint: disable=g-import-not-at-top
+  _, strategy = connect_cluster(1, 3, "1-backup-hardsync")
+  x, y = synthetic_data()
+  model = compiled_mlp(strategy, "sgd_momentum", "none")
+
+  def dataset_fn(context):
+    return datasets.with_step_time(
+        repeated_batches(x, y, 4).prefetch(1),
+        0.4 if context.input_pipeline_id == 0 else 0.0)
+  dataset = tf_keras_dataset_creator(dataset_fn)
+  model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+  result = report_as_dict(strategy)
+  result["tokens"] = [shard.token_counts() for shard in strategy._shards]  # pylint: disable=protected-access
+  return result
+
+
+def tf_keras_dataset_creator(dataset_fn):
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  return tf_keras.utils.experimental.DatasetCreator(dataset_fn)
 
 
 def two_ps_training(partitioned, export_dir, steps=20):
