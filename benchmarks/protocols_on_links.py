@@ -40,6 +40,7 @@ from absl import flags
 
 from benchmarks import results
 from launch import reports
+from rudra_tf import protocol as protocol_lib
 
 FLAGS = flags.FLAGS
 CONTENDERS = ("parameter_server", "rudra:hardsync", "rudra:1-softsync",
@@ -53,7 +54,7 @@ _MEDIAN_FIGURES = ("examples_per_s", "updates_per_s", "staleness_mean",
 _RATIOS = ("vs_parameter_server", "time_vs_hardsync")
 
 
-def task_flags(contender, out):
+def task_flags(contender, out, seed):
   """benchmarks.task's flags for one run of `contender`."""
   strategy, _, protocol = contender.partition(":")
   return [f"--strategy={strategy}", f"--protocol={protocol or 'async'}",
@@ -62,11 +63,16 @@ def task_flags(contender, out):
           f"--steps_per_epoch={FLAGS.steps_per_epoch}",
           f"--lr={FLAGS.lr}", f"--lr_policy={FLAGS.lr_policy}",
           f"--target_accuracy={FLAGS.target_accuracy}",
-          f"--max_epochs={FLAGS.max_epochs}", f"--seed={FLAGS.seed}",
+          f"--max_epochs={FLAGS.max_epochs}", f"--seed={seed}",
           f"--out={out}"]
 
 
-def run_one(contender, scenario, out):
+def seed_of(repeat):
+  """--seed, or --seed + repeat with --vary_seed."""
+  return FLAGS.seed + repeat if FLAGS.vary_seed else FLAGS.seed
+
+
+def run_one(contender, scenario, out, seed):
   """One run on fresh emulated hosts; its figures and the learners' bytes."""
   from launch import emulated_deploy  # pylint: disable=g-import-not-at-top
   from launch import emulated_hosts  # pylint: disable=g-import-not-at-top
@@ -74,7 +80,7 @@ def run_one(contender, scenario, out):
   with emulated_hosts.EmulatedHosts(1 + learners + 1,
                                     rate_mbit=FLAGS.link_mbit) as hosts:
     deploy = emulated_deploy.EmulatedDeploy(
-        hosts, learners, 1, task_flags(contender, out),
+        hosts, learners, 1, task_flags(contender, out, seed),
         os.path.join(out, "logs"), module="benchmarks.task")
     if scenario == "straggler":
       hosts.set_rate(deploy.host_of("worker", 0),
@@ -220,6 +226,8 @@ def define_flags():
                       "--out_dir elsewhere: the tables and rows go there).")
   flags.DEFINE_integer("max_epochs", 30, "Epochs at most per run.")
   flags.DEFINE_integer("seed", 0, "Seed of the weights and shuffles.")
+  flags.DEFINE_bool("vary_seed", False, "Repeat r runs with --seed + r "
+                    "(each repeat a seed of its own) instead of --seed.")
   flags.DEFINE_integer("repeats", 1, "Runs of every contender, alternating "
                        "the order.")
   flags.DEFINE_string("out_dir", "runs/protocols_on_links", "Where results "
@@ -228,11 +236,24 @@ def define_flags():
 
 def validate():
   """Raises ValueError naming a bad flag value and the valid ones."""
-  for name, valid in (("contenders", CONTENDERS), ("scenarios", SCENARIOS)):
-    for value in getattr(FLAGS, name):
-      if value not in valid:
-        raise ValueError(f"Unknown --{name} value {value!r}; valid values "
-                         f"are {', '.join(valid)}.")
+  for value in FLAGS.scenarios:
+    if value not in SCENARIOS:
+      raise ValueError(f"Unknown --scenarios value {value!r}; valid values "
+                       f"are {', '.join(SCENARIOS)}.")
+  for value in FLAGS.contenders:
+    strategy, _, protocol = value.partition(":")
+    valid = value == "parameter_server" or (strategy == "rudra" and protocol)
+    if valid and strategy == "rudra":
+      try:
+        protocol_lib.parse_protocol(protocol, FLAGS.learners)
+      except ValueError:
+        valid = False
+    if not valid:
+      raise ValueError(
+          f"Unknown --contenders value {value!r}; valid values are "
+          f"parameter_server and rudra:<protocol> with a protocol of "
+          f"{protocol_lib.VALID_PROTOCOLS_TEXT} (λ = {FLAGS.learners}; "
+          f"default {', '.join(CONTENDERS)}).")
   if FLAGS.link_mbit <= 0 or FLAGS.straggler_slowdown < 1:
     raise ValueError(f"--link_mbit must be > 0 (got {FLAGS.link_mbit}) and "
                      f"--straggler_slowdown >= 1 (got "
@@ -274,9 +295,9 @@ def main(argv):
                            f"{contender.replace(':', '_')}_{repeat}")
         print(f"== {scenario} {contender} (repeat {repeat + 1}/"
               f"{FLAGS.repeats})", flush=True)
-        figures = run_one(contender, scenario, out)
+        figures = run_one(contender, scenario, out, seed_of(repeat))
         rows.append({"scenario": scenario, "contender": contender,
-                     "repeat": repeat, **figures})
+                     "repeat": repeat, "seed": seed_of(repeat), **figures})
         print(f"   {results.format_figure(figures['examples_per_s'], '.0f')}"
               f" examples/s, {FLAGS.target_accuracy:g} after "
               f"{results.format_figure(figures['time_to_target_s'], '.0f')} "

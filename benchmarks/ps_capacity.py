@@ -16,6 +16,11 @@ bound, the fraction of it reached, the bytes the ps links carried per push
 over the 2M a pull and a push need, and how busy each kind of link was
 (emulated_hosts.LinkMeter, over the timed epoch); OUT_DIR/ps_capacity.json
 and ps_capacity.md.
+
+With --compensations=none,delay each point runs once per compensation rule
+(rudra_tf/compensation.py), side by side: a rule's push also carries the
+pulled weights θ_pulled (M more bytes) and its update runs under the
+shard's lock; "vs none" is the pushes/s over the same point's without one.
 """
 
 import os
@@ -49,7 +54,7 @@ def steps_on_links(bound_pushes_per_s, timed_s, per_closure):
   return max(2 * FLAGS.num_learners * per_closure, steps)
 
 
-def run_point(size_mb, num_ps, out):
+def run_point(size_mb, num_ps, out, compensation="none"):
   bound = network_bound(num_ps, FLAGS.num_learners, FLAGS.link_mbit, size_mb)
   if bound:
     per_closure = LINK_STEPS_PER_EXECUTION
@@ -62,7 +67,8 @@ def run_point(size_mb, num_ps, out):
              "--dataset=synthetic", "--minibatch=4", f"--blob_mb={size_mb}",
              f"--steps_per_epoch={steps}",
              f"--steps_per_execution={per_closure}",
-             "--noconsistent_pulls", f"--out={out}"]
+             "--noconsistent_pulls", f"--out={out}",
+             f"--compensation={compensation}"]
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   link_meter = None
   if FLAGS.link_mbit:
@@ -77,6 +83,7 @@ def run_point(size_mb, num_ps, out):
   wire = (wire_figures(link_meter, figures, num_ps, size_mb)
           if link_meter else {})
   return {**wire, "size_mb": size_mb, "ps_tasks": num_ps,
+          "compensation": compensation,
           "learners": FLAGS.num_learners, "pushes": steps,
           "link_mbit": FLAGS.link_mbit or None,
           "network_bound_pushes_per_s": bound,
@@ -152,28 +159,38 @@ def _ps_cpu_ms_per_push(figures):
 
 
 def add_ratios(rows):
-  """`vs_one_ps`: pushes/s over those of 1 ps task at the same size."""
-  one_ps = {row["size_mb"]: row["pushes_per_s"] for row in rows
+  """`vs_one_ps`: pushes/s over those of 1 ps task at the same size (and
+  rule); `vs_no_compensation`: over the same point's without a rule."""
+  def rule(row):
+    return row.get("compensation", "none")
+  one_ps = {(row["size_mb"], rule(row)): row["pushes_per_s"] for row in rows
             if row["ps_tasks"] == 1}
+  plain = {(row["size_mb"], row["ps_tasks"]): row["pushes_per_s"]
+           for row in rows if rule(row) == "none"}
   for row in rows:
-    base = one_ps.get(row["size_mb"])
+    base = one_ps.get((row["size_mb"], rule(row)))
     row["vs_one_ps"] = row["pushes_per_s"] / base if base else None
+    base = plain.get((row["size_mb"], row["ps_tasks"]))
+    row["vs_no_compensation"] = (row["pushes_per_s"] / base if base
+                                 else None)
   return rows
 
 
 def markdown(rows):
-  lines = ["| model size (MB) | ps tasks | learners | link (Mbit/s) | "
-           "pushes/s | vs 1 ps | network bound (pushes/s) | of the bound | "
+  lines = ["| model size (MB) | ps tasks | learners | compensation | "
+           "link (Mbit/s) | pushes/s | vs 1 ps | vs none | "
+           "network bound (pushes/s) | of the bound | "
            "pushed MB/s | CPU cores (ps / learners / all) | ps CPU ms per "
            "push | ps peak memory (MB) | wire bytes per push / 2M | link use "
-           "(ps / learners, busiest direction) |", "|---" * 14 + "|"]
+           "(ps / learners, busiest direction) |", "|---" * 16 + "|"]
   for row in rows:
     cores = row["cpu_cores"]
     lines.append(f"| {row['size_mb']:g} | {row['ps_tasks']} | "
-                 f"{row['learners']} | "
+                 f"{row['learners']} | {row.get('compensation', 'none')} | "
                  f"{results.format_figure(row.get('link_mbit'), 'g')} | "
                  f"{row['pushes_per_s']:.2f} | "
                  f"{results.format_figure(row.get('vs_one_ps'), '.2f')} | "
+                 f"{results.format_figure(row.get('vs_no_compensation'), '.2f')} | "
                  f"{results.format_figure(row.get('network_bound_pushes_per_s'), '.2f')} | "
                  f"{results.format_figure(row.get('bound_fraction'), '.2f')} | "
                  f"{row['pushed_mb_per_s']:.0f} | "
@@ -206,6 +223,9 @@ def define_flags():
   flags.DEFINE_string("out_dir", "runs/ps_capacity", "Where results go.")
   flags.DEFINE_float("timed_s", 40, "With --link_mbit: the timed epoch's "
                      "length at the network bound (sets its pushes).")
+  flags.DEFINE_list("compensations", ["none"], "Compensation rules, each "
+                    "point run once per rule (none, delay, delay_adaptive, "
+                    "gap_aware).")
   flags.DEFINE_float("link_mbit", 0, "Run every task on an emulated host of "
                      "its own (launch/emulated_hosts.py; needs root) whose "
                      "link runs at this many Mbit/s each way; 0: every task "
@@ -225,13 +245,24 @@ def main(argv):
     print("error: sizes must be > 0 MB and ps task counts >= 1",
           file=sys.stderr)
     return 2
+  from rudra_tf import compensation as compensation_lib  # pylint: disable=g-import-not-at-top
+  try:
+    for rule in FLAGS.compensations:
+      compensation_lib.Compensation.create(rule)
+  except ValueError as error:
+    print(f"error: --compensations: {error}", file=sys.stderr)
+    return 2
   rows = []
   for size_mb in sizes:
     for num_ps in counts:
-      print(f"== {size_mb:g} MB, {num_ps} ps", flush=True)
-      rows.append(run_point(size_mb, num_ps, os.path.join(
-          FLAGS.out_dir, "runs", f"{size_mb:g}mb_{num_ps}ps")))
-      print(f"   {rows[-1]['pushes_per_s']:.1f} pushes/s", flush=True)
+      for rule in FLAGS.compensations:
+        print(f"== {size_mb:g} MB, {num_ps} ps, compensation {rule}",
+              flush=True)
+        suffix = "" if rule == "none" else f"_{rule}"
+        rows.append(run_point(size_mb, num_ps, os.path.join(
+            FLAGS.out_dir, "runs", f"{size_mb:g}mb_{num_ps}ps{suffix}"),
+                              rule))
+        print(f"   {rows[-1]['pushes_per_s']:.1f} pushes/s", flush=True)
   table = markdown(add_ratios(rows))
   reports.write_rows_and_table(FLAGS.out_dir, "ps_capacity", rows, table)
   print(table)

@@ -128,7 +128,9 @@ def _prepared(config):
     optimizer = keras.optimizers.SGD(config.lr, momentum=config.momentum)
     if FLAGS.strategy == "rudra":
       optimizer = rudra_tf.StalenessAwareOptimizer(
-          optimizer, lr_policy=config.lr_policy)
+          optimizer, lr_policy=config.lr_policy,
+          compensation=config.compensation,
+          compensation_strength=config.compensation_strength)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   steps_per_execution=config.steps_per_execution)
 

@@ -17,9 +17,13 @@ RUN_FILE = "rudra_run.json"
 # the variables (model, dataset shapes), the shard state (protocol, λ, ps
 # tasks), the meaning of the saved counters and slots (lr_policy) and of a
 # checkpoint's number, the steps trained (steps_per_epoch, and minibatch,
-# from which the default steps_per_epoch follows).
+# from which the default steps_per_epoch follows), the compensation rule
+# (whose per-parameter state the checkpoint holds).
 MUST_MATCH = ("model", "dataset", "protocol", "num_learners", "num_ps",
-              "lr_policy", "steps_per_epoch", "minibatch")
+              "lr_policy", "steps_per_epoch", "minibatch", "compensation")
+
+# Identity fields newer than some run files, with the value those runs had.
+ADDED_LATER = {"compensation": "none"}
 
 
 def run_identity(config):
@@ -99,6 +103,7 @@ def check_resumable(config):
     raise ValueError(f"{path} is corrupt (not JSON); restore it or use "
                      "another --checkpoint_dir.") from None
   current = run_identity(config)
+  saved = {**ADDED_LATER, **saved}
   differences = [f"{name} {saved.get(name)!r} there, {value!r} now"
                  for name, value in current.items()
                  if saved.get(name) != value]

@@ -31,6 +31,13 @@ def define_flags():
                       'the first λ − b gradients; late ones dropped).')
   flags.DEFINE_float("lr", 0.1, "Base learning rate α0 (SGD with momentum).")
   flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
+  flags.DEFINE_string("compensation", "none",
+                      "Correction of each stale gradient on the ps "
+                      "(rudra_tf/compensation.py): none | delay (DC-ASGD) | "
+                      "delay_adaptive (DC-ASGD-a) | gap_aware.")
+  flags.DEFINE_float("compensation_strength", None,
+                     "λ_dc of --compensation=delay (default 0.04) or λ0 of "
+                     "delay_adaptive (default 2.0); refused for the others.")
   flags.DEFINE_string("lr_policy", "divide_by_n",
                       "none | divide_by_n | divide_by_staleness.")
   flags.DEFINE_integer("learners", 4, "λ, the learners of a local cluster "
@@ -120,6 +127,8 @@ class TrainConfig:
   checkpoint_every_secs: float = None
   progress_every_s: float = 5.0  # between in-epoch lines; 0: none
   keras: str = "tf_keras"  # or "keras3" (models.KERAS_NAMES)
+  compensation: str = "none"  # compensation.COMPENSATIONS
+  compensation_strength: float = None  # None: the rule's default
 
   def learner_step_time_s(self, learner):
     """The emulated compute time of `learner`'s steps, in seconds."""
@@ -202,6 +211,8 @@ def resolve_config(values, num_learners, num_ps):
   _require(num_ps >= 1, f"--ps_tasks must be >= 1, got {num_ps}.")
   protocol_lib.parse_protocol(values.protocol, num_learners)
   protocol_lib.validate_lr_policy(values.lr_policy)
+  rule = _checked_compensation(values.compensation,
+                               values.compensation_strength)
   _require(values.lr > 0, f"--lr must be > 0, got {values.lr}.")
   _require(0 <= values.momentum < 1,
            f"--momentum must be in [0, 1), got {values.momentum}.")
@@ -248,7 +259,18 @@ def resolve_config(values, num_learners, num_ps):
       save_model=resolve_save_model(values.save_model, values.log_dir),
       checkpoint_every_steps=values.checkpoint_every_steps,
       checkpoint_every_secs=values.checkpoint_every_secs,
-      progress_every_s=values.progress_every_s, keras=values.keras)
+      progress_every_s=values.progress_every_s, keras=values.keras,
+      compensation=rule.name, compensation_strength=rule.strength)
+
+
+def _checked_compensation(name, strength):
+  """The --compensation rule, or ValueError in the flags' words."""
+  from rudra_tf import compensation  # pylint: disable=g-import-not-at-top
+  try:
+    return compensation.Compensation.create(name, strength)
+  except ValueError as error:
+    raise ValueError(f"--compensation={name!r} "
+                     f"--compensation_strength={strength!r}: {error}") from None
 
 
 def resolve_save_model(path, log_dir):

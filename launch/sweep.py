@@ -1,8 +1,10 @@
-r"""Sweeps protocol, lr_policy, μ and λ; writes results rows, a table and plots.
+r"""Sweeps protocol, lr_policy, compensation, momentum, μ and λ; writes
+results rows, a table and plots.
 
   python -m launch.sweep --backend=simulator --learners=30 --minibatches=4 \
       --protocols=hardsync,1-softsync,2-softsync,4-softsync,async \
       --lr_policies=none,divide_by_n,divide_by_staleness --epochs=2 \
+      --compensations=none,delay,gap_aware --momentums=0,0.9 \
       --out_dir=runs/sweep
 
 Each point runs in the simulator (`rudra_tf.simulate`, one process) or on a
@@ -33,6 +35,12 @@ flags.DEFINE_enum("backend", "simulator", ["simulator", "cluster"],
 flags.DEFINE_list("protocols", ["hardsync", "1-softsync", "async"],
                   "Protocols (points with n > λ are skipped).")
 flags.DEFINE_list("lr_policies", ["none", "divide_by_n"], "lr_policy values.")
+flags.DEFINE_list("compensations", ["none"], "Compensation rules "
+                  "(rudra_tf/compensation.py), each at its default strength "
+                  "unless --compensation_strength is given.")
+flags.DEFINE_float("compensation_strength", None, "λ_dc / λ0 for the delay "
+                   "rules (default: each rule's own).")
+flags.DEFINE_list("momentums", ["0.9"], "SGD momentum values.")
 flags.DEFINE_list("minibatches", ["4"], "μ values.")
 flags.DEFINE_list("learners", ["4"], "λ values.")
 flags.DEFINE_string("model", "small_cnn", "Model name.")
@@ -61,22 +69,40 @@ flags.DEFINE_list("seeds", ["0"], "Seeds (each point runs once per seed; "
 flags.DEFINE_string("out_dir", "runs/sweep", "Where points and reports go.")
 FLAGS = flags.FLAGS
 
-COLUMNS = ("protocol", "lr_policy", "minibatch", "learners", "n", "seed",
+COLUMNS = ("protocol", "lr_policy", "compensation", "momentum", "minibatch",
+           "learners", "n", "seed",
            "test_error", "test_accuracy", "wall_time_s", "updates",
            "gradients", "staleness_mean", "staleness_max", "simulated_time",
            "backend", "test_loss", "diverged")
 
 
+DEFAULT_MOMENTUM = 0.9
+
+
 def point_key(point):
-  return (f"{point['protocol']}__{point['lr_policy']}__mu{point['minibatch']}"
-          f"__lambda{point['learners']}__seed{point['seed']}")
+  """A point's file name; the compensation and momentum appear only when
+  they are not the defaults, so points of earlier sweeps keep their keys."""
+  extra = ""
+  if point.get("compensation", "none") != "none":
+    extra += f"__{point['compensation']}"
+  if point.get("momentum", DEFAULT_MOMENTUM) != DEFAULT_MOMENTUM:
+    extra += f"__momentum{point['momentum']:g}"
+  return (f"{point['protocol']}__{point['lr_policy']}{extra}__mu"
+          f"{point['minibatch']}__lambda{point['learners']}__seed"
+          f"{point['seed']}")
 
 
-def grid(protocols, lr_policies, minibatches, learners, seeds=("0",)):
+def grid(protocols, lr_policies, minibatches, learners, seeds=("0",),
+         compensations=("none",), momentums=(DEFAULT_MOMENTUM,)):
   """The valid points, and the skipped ones with the reason."""
+  from rudra_tf import compensation as compensation_lib  # pylint: disable=g-import-not-at-top
+  for rule in compensations:
+    compensation_lib.Compensation.create(rule)
+  momentums = [_momentum(value) for value in momentums]
   points, skipped = [], []
-  for protocol, policy, minibatch, num_learners, seed in itertools.product(
-      protocols, lr_policies, minibatches, learners, seeds):
+  for (protocol, policy, rule, momentum, minibatch, num_learners,
+       seed) in itertools.product(protocols, lr_policies, compensations,
+                                  momentums, minibatches, learners, seeds):
     protocol_lib.validate_lr_policy(policy)
     if not str(seed).isdigit():
       raise ValueError(f"seeds must be integers >= 0, got {seed!r}.")
@@ -91,10 +117,21 @@ def grid(protocols, lr_policies, minibatches, learners, seeds=("0",)):
         skipped.append(reason)
       continue
     points.append({"protocol": parsed.name, "lr_policy": policy,
+                   "compensation": rule, "momentum": momentum,
                    "minibatch": int(minibatch),
                    "learners": int(num_learners), "n": parsed.n,
                    "seed": int(seed)})
   return points, skipped
+
+
+def _momentum(value):
+  try:
+    momentum = float(value)
+  except ValueError:
+    momentum = -1.0
+  if not 0 <= momentum < 1:
+    raise ValueError(f"momentums must be numbers in [0, 1), got {value!r}.")
+  return momentum
 
 
 @functools.lru_cache(maxsize=2)
@@ -115,6 +152,9 @@ def run_simulated(point, config):
       data, point["protocol"], point["learners"], point["minibatch"],
       epochs=config["epochs"], steps_per_epoch=config["steps_per_epoch"],
       learning_rate=config["lr"], lr_policy=point["lr_policy"],
+      momentum=point.get("momentum", DEFAULT_MOMENTUM),
+      compensation=point.get("compensation", "none"),
+      compensation_strength=_strength(point, config),
       speed=speed_model(config, point),
       seed=point["seed"])
   report = result["report"]
@@ -126,6 +166,14 @@ def run_simulated(point, config):
           "updates": report.timestamp, "gradients": report.gradients,
           "staleness_mean": report.mean, "staleness_max": report.max,
           "staleness_histogram": report.histogram[:last + 1].tolist()}
+
+
+def _strength(point, config):
+  """--compensation_strength for the rules that take one, else None."""
+  from rudra_tf import compensation as compensation_lib  # pylint: disable=g-import-not-at-top
+  if point.get("compensation", "none") in compensation_lib.DEFAULT_STRENGTH:
+    return config.get("compensation_strength")
+  return None
 
 
 def speed_model(config, point):
@@ -150,7 +198,11 @@ def run_on_cluster(point, config, results_path):
              f"--minibatch={point['minibatch']}",
              f"--epochs={config['epochs']}", f"--seed={point['seed']}",
              f"--results={results_path}",
-             f"--steps_per_execution={config.get('steps_per_execution', 1)}"]
+             f"--steps_per_execution={config.get('steps_per_execution', 1)}",
+             f"--momentum={point.get('momentum', DEFAULT_MOMENTUM)}",
+             f"--compensation={point.get('compensation', 'none')}"]
+  if _strength(point, config) is not None:
+    command.append(f"--compensation_strength={_strength(point, config)}")
   if config["steps_per_epoch"]:
     command.append(f"--steps_per_epoch={config['steps_per_epoch']}")
   if config.get("emulated_step_ms"):
@@ -194,6 +246,17 @@ def run_points(points, config, out_dir, out=print):
   return rows
 
 
+def finished_rows(out_dir):
+  """Every finished point's row in OUT_DIR/points, in key order."""
+  directory = os.path.join(out_dir, "points")
+  rows = []
+  for name in sorted(os.listdir(directory)):
+    if name.endswith(".json") and not name.endswith(".train.json"):
+      with open(os.path.join(directory, name)) as stream:
+        rows.append(json.load(stream))
+  return rows
+
+
 def write_reports(rows, out_dir):
   """results.csv, results.json, table.md and plots from finished rows."""
   with open(os.path.join(out_dir, "results.json"), "w") as stream:
@@ -220,7 +283,9 @@ def average_over_seeds(rows):
   groups = {}
   for row in rows:
     groups.setdefault((row["learners"], row["minibatch"], row["lr_policy"],
-                       row["n"], row["protocol"]), []).append(row)
+                       row.get("compensation", "none"),
+                       row.get("momentum", DEFAULT_MOMENTUM), row["n"],
+                       row["protocol"]), []).append(row)
   averaged = []
   for key in sorted(groups):
     runs = groups[key]
@@ -238,9 +303,10 @@ def average_over_seeds(rows):
 
 def markdown_table(rows):
   """One line per point, averaged over its seeds (error range in brackets)."""
-  lines = ["| protocol | n | lr_policy | μ | λ | μλ | seeds | test error | "
-           "staleness mean | max | updates | wall time (s) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| protocol | n | lr_policy | compensation | momentum | μ | λ | "
+           "μλ | seeds | test error | staleness mean | max | updates | "
+           "wall time (s) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for row in average_over_seeds(rows):
     error = f"{row['test_error']:.4f}"
     if row["seeds"] > 1:
@@ -249,6 +315,8 @@ def markdown_table(rows):
       error += f", {row['diverged']} diverged"
     lines.append(
         f"| {row['protocol']} | {row['n']} | {row['lr_policy']} | "
+        f"{row.get('compensation', 'none')} | "
+        f"{row.get('momentum', DEFAULT_MOMENTUM):g} | "
         f"{row['minibatch']} | {row['learners']} | "
         f"{row['minibatch'] * row['learners']} | {row['seeds']} | {error} | "
         f"{row['staleness_mean']:.2f} | {row['staleness_max']} | "
@@ -320,14 +388,16 @@ def config_from_flags():
           "steps_per_epoch": FLAGS.steps_per_epoch, "speed": FLAGS.speed,
           "emulated_step_ms": FLAGS.emulated_step_ms, "gap": FLAGS.gap,
           "jitter": FLAGS.jitter,
-          "steps_per_execution": FLAGS.steps_per_execution}
+          "steps_per_execution": FLAGS.steps_per_execution,
+          "compensation_strength": FLAGS.compensation_strength}
 
 
 def main(argv):
   del argv
   try:
     points, skipped = grid(FLAGS.protocols, FLAGS.lr_policies,
-                           FLAGS.minibatches, FLAGS.learners, FLAGS.seeds)
+                           FLAGS.minibatches, FLAGS.learners, FLAGS.seeds,
+                           FLAGS.compensations, FLAGS.momentums)
   except ValueError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
@@ -337,8 +407,10 @@ def main(argv):
   if not points:
     print("error: no valid point in the grid", file=sys.stderr)
     return 2
-  rows = run_points(points, config_from_flags(), FLAGS.out_dir)
-  print(write_reports(rows, FLAGS.out_dir))
+  run_points(points, config_from_flags(), FLAGS.out_dir)
+  # The reports cover every finished point in OUT_DIR, this grid's and
+  # those of earlier sweeps into it (another policy, rule or momentum).
+  print(write_reports(finished_rows(FLAGS.out_dir), FLAGS.out_dir))
   print(f"reports in {FLAGS.out_dir}: results.csv results.json table.md "
         "sweep.png")
   return 0

@@ -166,7 +166,8 @@ def run_chief(config, spec):
   print(f"{config.dataset}: {data.train_size} training / {data.test_size} "
         f"test examples; λ={config.num_learners} learners, μ="
         f"{config.minibatch}, {config.protocol}, lr_policy={config.lr_policy},"
-        f" {steps_per_epoch} gradients per epoch; {config.model} with "
+        f"{_compensation_text(config)} {steps_per_epoch} gradients per epoch; "
+        f"{config.model} with "
         f"{config.keras}", flush=True)
   _wait_for_cluster(spec.cluster)
   if os.environ.get(tf_environment.PRINT_DEVICES_VARIABLE):
@@ -183,7 +184,8 @@ def run_chief(config, spec):
                                data.num_classes, keras=config.keras)
     optimizer = rudra_tf.StalenessAwareOptimizer(
         keras.optimizers.SGD(config.lr, momentum=config.momentum),
-        lr_policy=config.lr_policy)
+        lr_policy=config.lr_policy, compensation=config.compensation,
+        compensation_strength=config.compensation_strength)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"],
                   steps_per_execution=config.steps_per_execution)
@@ -313,6 +315,15 @@ def run_chief(config, spec):
   if config.save_model:
     print(f"model: {config.save_model}", flush=True)
   return results
+
+
+def _compensation_text(config):
+  """", compensation=delay (0.04)," or "" when none."""
+  if config.compensation == "none":
+    return ""
+  strength = ("" if config.compensation_strength is None
+              else f" ({config.compensation_strength:g})")
+  return f" compensation={config.compensation}{strength},"
 
 
 def main(argv):

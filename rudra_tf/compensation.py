@@ -52,8 +52,30 @@ and g ⊙ g = [1, 4]:
 Nothing here touches TensorFlow's runtime: a caller passes `ops` (sqrt and
 abs for its kind of numbers), as with transition.py, so the parameter server
 and the simulator can share each rule.
+
+`Compensation` is a rule by name, as `StalenessAwareOptimizer(...,
+compensation=...)`, the simulator and launch.train's --compensation take it:
+
+    "none"            g as it is (Rudra's lr_policy alone weighs it)
+    "delay"           DC-ASGD, constant λ_dc (`strength`, default 0.04:
+                      MXNet's DCASGD default)
+    "delay_adaptive"  DC-ASGD-a, λ_dc = λ0 / sqrt(ms + ε) (`strength` λ0,
+                      default 2.0)
+    "gap_aware"       g / G (no strength)
+
+Its `correct` takes one gradient and the state the rule keeps per parameter
+(ms or v, and t) and returns the corrected gradient with the state after it:
+two gradients in a row, worked (gap_aware, α = 0.1, one parameter, θ_now −
+θ_pulled = 0.2 for both, g = 1 then g = 3):
+
+    t = 1: v = 0.001 · 1 = 0.001,  v̂ = 1,  C = 0.1,  G = 1 + 0.2/0.1 = 3,
+           g_ga = 1/3
+    t = 2: v = 0.999 · 0.001 + 0.001 · 9 = 0.009999,  v̂ = v / (1 − 0.999²)
+           = 0.009999 / 0.001999 = 5.002,  C = 0.1 · 2.2365 = 0.22365,
+           G = 1 + 0.2 / 0.22365 = 1.8943,  g_ga = 3 / 1.8943 = 1.5837
 """
 
+import dataclasses
 import typing
 
 import numpy as np
@@ -117,7 +139,7 @@ def typical_step(mean_square, gradients_averaged, step_size,
     step_size: α, the learning rate's largest value.
   """
   _check_decay(decay)
-  if gradients_averaged < 1:
+  if isinstance(gradients_averaged, (int, float)) and gradients_averaged < 1:
     raise ValueError("gradients_averaged must be >= 1 (v is updated with "
                      f"this gradient first), got {gradients_averaged!r}.")
   corrected = mean_square / (1 - decay ** gradients_averaged)
@@ -132,3 +154,91 @@ def gap(current, pulled, step, ops=NUMPY_OPS):
 def gap_aware(gradient, current, pulled, step, ops=NUMPY_OPS):
   """g / G: the gradient divided by its gap (module docstring)."""
   return gradient / gap(current, pulled, step, ops)
+
+
+NONE = "none"
+DELAY = "delay"
+DELAY_ADAPTIVE = "delay_adaptive"
+GAP_AWARE = "gap_aware"
+COMPENSATIONS = (NONE, DELAY, DELAY_ADAPTIVE, GAP_AWARE)
+# λ_dc for "delay" (MXNet's DCASGD default) and λ0 for "delay_adaptive": a
+# starting point, to be tuned per model as the learning rate is.
+DEFAULT_STRENGTH = {DELAY: 0.04, DELAY_ADAPTIVE: 2.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Compensation:
+  """A correction rule by name (module docstring), with its strength."""
+  name: str = NONE
+  strength: typing.Optional[float] = None
+
+  @classmethod
+  def create(cls, name=NONE, strength=None):
+    """The rule `name` (one of COMPENSATIONS); `strength` None takes the
+    rule's default. ValueError names a bad value and the valid ones."""
+    if name is None:
+      name = NONE
+    if name not in COMPENSATIONS:
+      raise ValueError(
+          f"Unknown compensation {name!r}; valid values are "
+          f"{', '.join(repr(c) for c in COMPENSATIONS)}.")
+    if name not in DEFAULT_STRENGTH:
+      if strength is not None:
+        raise ValueError(
+            f"compensation {name!r} takes no strength (got {strength!r}); "
+            f"only {', '.join(repr(c) for c in DEFAULT_STRENGTH)} do.")
+      return cls(name, None)
+    if strength is None:
+      strength = DEFAULT_STRENGTH[name]
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) \
+        or not strength >= 0:
+      raise ValueError(f"compensation strength must be a number >= 0, got "
+                       f"{strength!r}.")
+    return cls(name, float(strength))
+
+  @property
+  def enabled(self):
+    """Whether the rule needs θ_pulled (every rule but "none")."""
+    return self.name != NONE
+
+  @property
+  def keeps_mean_square(self):
+    """Whether the rule keeps a moving average of g ⊙ g per parameter."""
+    return self.name in (DELAY_ADAPTIVE, GAP_AWARE)
+
+  @property
+  def decay(self):
+    return (GAP_MEAN_SQUARE_DECAY if self.name == GAP_AWARE
+            else DC_MEAN_SQUARE_DECAY)
+
+  def correct(self, gradient, current, pulled, mean_square=0.0, count=0,
+              step_size=None, ops=NUMPY_OPS):
+    """One accepted gradient, corrected.
+
+    Args:
+      gradient, current, pulled: g, θ_now, θ_pulled (arrays or tensors).
+      mean_square, count: the rule's state before g (ms or v, and t: the
+        gradients it has averaged); ignored by "none" and "delay".
+      step_size: α, for "gap_aware".
+
+    Returns:
+      (corrected gradient, mean_square after, count after).
+    """
+    if self.name == NONE:
+      return gradient, mean_square, count
+    if self.name == DELAY:
+      return (delay_compensated(gradient, current, pulled, self.strength),
+              mean_square, count)
+    mean_square = updated_mean_square(mean_square, gradient, self.decay)
+    count = count + 1
+    if self.name == DELAY_ADAPTIVE:
+      strength = adaptive_strength(self.strength, mean_square, ops=ops)
+      return (delay_compensated(gradient, current, pulled, strength),
+              mean_square, count)
+    if step_size is None:
+      raise ValueError("gap_aware needs the step size α.")
+    step = typical_step(mean_square, count, step_size, self.decay, ops=ops)
+    return gap_aware(gradient, current, pulled, step, ops), mean_square, count
+
+  def get_config(self):
+    return {"compensation": self.name, "compensation_strength": self.strength}

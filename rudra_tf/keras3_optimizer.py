@@ -13,6 +13,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from rudra_tf import compensation as compensation_lib
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import shard_updates
 from rudra_tf import strategy as strategy_lib
@@ -61,14 +62,17 @@ class Keras3StalenessAwareOptimizer(shard_updates.WrapperSurface,
   """
 
   def __init__(self, optimizer, lr_policy=protocol_lib.LR_NONE,
-               name="StalenessAwareOptimizer"):
+               name="StalenessAwareOptimizer", *,
+               compensation=compensation_lib.NONE,
+               compensation_strength=None):
     strategy = shard_updates.current_rudra_strategy(
         "keras.models.load_model")
     # Imported here: the tf_keras wrapper imports this module.
     from rudra_tf import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
     hooks = shard_updates.checked_hooks(optimizer,
                                         optimizer_lib.wrapper_classes())
-    updates = shard_updates.ShardUpdates(hooks, lr_policy, strategy)
+    updates = shard_updates.ShardUpdates(hooks, lr_policy, strategy,
+                                         compensation, compensation_strength)
     super().__init__(learning_rate=0.0, name=name)
     self._optimizer = optimizer
     # Plain attributes: Keras 3 tracks what is set through setattr.
@@ -98,6 +102,7 @@ class Keras3StalenessAwareOptimizer(shard_updates.WrapperSurface,
             self._updates.strategy.scope()):
         shards = self._updates.build(variables)
       self._rudra_shards = list(shards)
+      self._rudra_compensation = self._updates.compensation_variables()
       self.built = True
 
   def update_step(self, gradient, variable, learning_rate):
@@ -123,6 +128,7 @@ class Keras3StalenessAwareOptimizer(shard_updates.WrapperSurface,
         "name": self.name,
         "optimizer": keras.optimizers.serialize(self._optimizer),
         "lr_policy": self._updates.policy.name,
+        **self._updates.compensation.get_config(),
     }
 
   @classmethod

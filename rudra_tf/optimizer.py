@@ -4,6 +4,7 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
+from rudra_tf import compensation as compensation_lib
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import shard_updates
 from rudra_tf import strategy as strategy_lib
@@ -39,6 +40,28 @@ class StalenessAwareOptimizer(shard_updates.WrapperSurface,
                            hardsync (the ICDM rule α0 / <σ>); w(σ) = 1.
   * "divide_by_staleness": m = 1,   w(σ) = 1/σ for σ > 0, 1 for σ = 0
                            (the IJCAI follow-up's per-gradient rule).
+
+  `compensation` corrects each accepted gradient g, on the shard and
+  before its weight w(σ), by how far the weights moved since its pull
+  (rudra_tf/compensation.py, where the rules are worked by hand):
+
+  * "none" (the default): g as it is.
+  * "delay" (DC-ASGD): g + λ_dc · g ⊙ g ⊙ (θ_now − θ_pulled), λ_dc =
+    `compensation_strength` (default 0.04).
+  * "delay_adaptive" (DC-ASGD-a): the same with λ_dc = λ0 / sqrt(ms + ε)
+    per parameter, ms a moving average (0.95) of g ⊙ g; λ0 =
+    `compensation_strength` (default 2.0).
+  * "gap_aware": g / G, G = 1 + |θ_now − θ_pulled| / C per parameter, C =
+    α · sqrt(v̂) the typical step (v̂ a bias-corrected moving average
+    (0.999) of g ⊙ g, α = m · α(i)).
+
+  A rule needs θ_pulled on the shard: the learner sends the weights it
+  pulled with its gradients, so a push carries the model twice (a row
+  gradient travels dense). Each rule combines with any lr_policy ("none"
+  compares a rule with Rudra's α0/n and α0/σ at the same α0) and any
+  protocol; for hardsync θ_now = θ_pulled and only the rule's state
+  moves. The rule's state (ms or v, and its count, per parameter) lives
+  on the ps next to the variable and is saved with the optimizer.
 
   For SGD the update is exactly the paper's. For adaptive optimizers (Adam)
   the inner rule receives the weighted mean gradient; m still multiplies the
@@ -100,11 +123,14 @@ class StalenessAwareOptimizer(shard_updates.WrapperSurface,
     return super().__new__(cls)
 
   def __init__(self, optimizer, lr_policy=protocol_lib.LR_NONE,
-               name="StalenessAwareOptimizer"):
+               name="StalenessAwareOptimizer", *,
+               compensation=compensation_lib.NONE,
+               compensation_strength=None):
     strategy = shard_updates.current_rudra_strategy(
         "tf_keras.models.load_model")
     hooks = shard_updates.checked_hooks(optimizer, wrapper_classes())
-    updates = shard_updates.ShardUpdates(hooks, lr_policy, strategy)
+    updates = shard_updates.ShardUpdates(hooks, lr_policy, strategy,
+                                         compensation, compensation_strength)
     super().__init__(name=name, jit_compile=False)
     self._optimizer = optimizer
     self._updates = self._no_dependency(updates)
@@ -126,6 +152,8 @@ class StalenessAwareOptimizer(shard_updates.WrapperSurface,
     # restored before training restores it too; tracked here, so that the
     # optimizer's checkpoints and saved models hold it.
     self._rudra_shards = self._updates.build(var_list)
+    # Tracked too: the compensation rule's state (none for most rules).
+    self._rudra_compensation = self._updates.compensation_variables()
 
   def update_step(self, gradient, variable):
     raise NotImplementedError(
@@ -144,6 +172,7 @@ class StalenessAwareOptimizer(shard_updates.WrapperSurface,
         "name": self.name,
         "optimizer": tf_keras.optimizers.serialize(self._optimizer),
         "lr_policy": self._updates.policy.name,
+        **self._updates.compensation.get_config(),
         # tf_keras's deserializer takes a config without it for a legacy
         # optimizer (and then cannot find this class in an .h5 file).
         "is_legacy_optimizer": False,

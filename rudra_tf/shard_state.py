@@ -69,6 +69,22 @@ def _after_all_ops(fn):
     return tf.nest.map_structure(tf.identity, result)
 
 
+class _Corrected:
+  """A push's gradients, to be corrected once accepted (`push`'s
+  `correct`): `at` gives them corrected, by variable id; called inside the
+  lock, where θ_now is the live value."""
+
+  def __init__(self, gradient_of, pulled_of, correct):
+    self._gradient_of = gradient_of
+    self._pulled_of = pulled_of
+    self._correct = correct
+
+  def at(self, timestamp, variables):
+    return {id(v): self._correct(self._gradient_of[id(v)], v,
+                                 self._pulled_of[id(v)], timestamp)
+            for v in variables if id(v) in self._gradient_of}
+
+
 class ShardState(tf_hooks.AutoTrackable):
   """Clock, accumulators, statistics and lock of one parameter-server shard.
 
@@ -123,6 +139,11 @@ class ShardState(tf_hooks.AutoTrackable):
     self._sections_lock = threading.Lock()
     self._accumulator_of = self._no_dependency(
         {id(v): a for v, a in zip(model_variables, self.accumulators)})
+
+  @property
+  def model_variables(self):
+    """The model variables this shard holds, in its order."""
+    return list(self._model_variables)
 
   def owns(self, variable):
     return id(variable) in self._accumulator_of
@@ -374,7 +395,7 @@ class ShardState(tf_hooks.AutoTrackable):
   # -------------------------------------------------------------------- push
   def push(self, grads_and_vars, pulled_timestamp, apply_update, lr_policy,
            max_staleness, consistent=True, push_key=None, learner=None,
-           incarnation=None):
+           incarnation=None, correct=None, pulled_weights=None):
     """Records one learner's gradient for this shard (graph code).
 
     Args:
@@ -400,6 +421,13 @@ class ShardState(tf_hooks.AutoTrackable):
         received gradient is counted per learner.
       incarnation: hardsync only: the learner's incarnation when its closure
         was dispatched (an int64 tensor), or None.
+      correct: None, or fn(gradient, variable, θ_pulled, timestamp) -> the
+        gradient corrected by a compensation rule (compensation.py), called
+        inside the lock on each accepted gradient, before its weight w(σ).
+        The update is then always applied inside the lock.
+      pulled_weights: with `correct`, the weights each gradient was computed
+        on (θ_pulled), in the order of `grads_and_vars`, all dense: they
+        travel with the push, packed with the gradients.
 
     Returns:
       The staleness of this gradient (an int64 scalar; -1 for a duplicate).
@@ -415,15 +443,23 @@ class ShardState(tf_hooks.AutoTrackable):
       metadata.update(key=push_key.key, limit=push_key.limit)
     metadata = {name: value for name, value in metadata.items()
                 if value is not None}
-    sent = packing.encode_push([g for g, _ in dense], [g for g, _ in rows],
-                               metadata)
+    pulled_weights = list(pulled_weights or [])
+    if pulled_weights and rows:
+      raise ValueError("A compensated push sends dense gradients only.")
+    sent = packing.encode_push(
+        [g for g, _ in dense] + pulled_weights, [g for g, _ in rows],
+        metadata)
     with tf.device(self.device):
       arrived = [tf.identity(tensor) for tensor in sent]
       gradients, row_gradients, metadata = packing.decode_push(
-          arrived, [tf.TensorSpec(v.shape, g.dtype) for g, v in dense],
+          arrived, [tf.TensorSpec(v.shape, g.dtype) for g, v in dense] +
+          [tf.TensorSpec(v.shape, p.dtype)
+           for p, (_, v) in zip(pulled_weights, dense)],
           [v.shape.as_list() for _, v in rows], list(metadata))
+      gradients, pulled = (gradients[:len(dense)], gradients[len(dense):])
       gradient_of = {id(v): g for g, (_, v) in
                      zip(gradients + row_gradients, dense + rows)}
+      pulled_of = {id(v): p for p, (_, v) in zip(pulled, dense)}
       learner = metadata.get("learner")
       incarnation = metadata.get("incarnation")
       if push_key is not None:
@@ -431,10 +467,12 @@ class ShardState(tf_hooks.AutoTrackable):
     with tf.control_dependencies(arrived), tf.device(self.device), \
         variables_lib.live_reads():
       if not consistent and self._protocol.gradients_per_update == 1 and \
-          not self._protocol.barrier:
+          not self._protocol.barrier and correct is None:
         return self._push_unlocked(gradient_of, pulled_timestamp,
                                    apply_update, lr_policy, max_staleness,
                                    push_key, learner)
+      if correct is not None:
+        gradient_of = _Corrected(gradient_of, pulled_of, correct)
       return self._lock.execute(
           lambda: _after_all_ops(lambda: self._push_locked(
               gradient_of, pulled_timestamp, apply_update, lr_policy,
@@ -482,11 +520,13 @@ class ShardState(tf_hooks.AutoTrackable):
                               maximum=tf.maximum)
 
     def take_gradient():
+      taken = (gradient_of.at(timestamp, self._model_variables)
+               if isinstance(gradient_of, _Corrected) else gradient_of)
       if c == 1:  # async: the update is this gradient; no accumulator trip
-        apply_update(self._weighted(weight, gradient_of), timestamp)
+        apply_update(self._weighted(weight, taken), timestamp)
         return tf.constant(True)
       for variable in self._model_variables:
-        gradient = gradient_of.get(id(variable))
+        gradient = taken.get(id(variable))
         if gradient is not None:
           sparse.add_to(self._accumulator_of[id(variable)],
                         sparse.weighted(weight, gradient))

@@ -14,17 +14,27 @@ one `ShardUpdates` and hand it everything but the Keras surface:
                                            weight decay, the inner rule at
                                            rate m · α(timestamp), constraints
 
-and the state both save: the inner optimizer's variables, then each shard's
-timestamp, ledger and accumulators (`variables`, `set_weights`).
+With a compensation rule (compensation.py) the push also carries the pulled
+weights θ_pulled, and the shard corrects each accepted gradient with the
+rule (`_correct`, against its live weights θ_now) before weighing it.
+
+The state both save: the inner optimizer's variables, then each shard's
+timestamp, ledger and accumulators, then the rule's per-parameter state if
+it keeps any (`variables`, `set_weights`).
 """
 
 import tensorflow as tf
 
+from rudra_tf import compensation as compensation_lib
 from rudra_tf import ledger as ledger_lib
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import strategy as strategy_lib
 from rudra_tf import tf_hooks
 from rudra_tf import variables as variables_lib
+
+
+# compensation.py's operations on tensors.
+_TENSOR_OPS = compensation_lib.Ops(tf.sqrt, tf.abs)
 
 
 def checked_hooks(optimizer, wrapper_classes):
@@ -65,28 +75,62 @@ def current_rudra_strategy(loader_hint):
 class ShardUpdates:
   """One wrapper's inner optimizer, policy and shards (see module doc)."""
 
-  def __init__(self, hooks, lr_policy, strategy):
+  def __init__(self, hooks, lr_policy, strategy,
+               compensation=compensation_lib.NONE, compensation_strength=None):
     self.hooks = hooks
     self.policy = protocol_lib.LearningRatePolicy.create(lr_policy,
                                                          strategy.protocol)
+    self.compensation = compensation_lib.Compensation.create(
+        compensation, compensation_strength)
     self.strategy = strategy
     self.shards = None
+    # The rule's state of each model variable (by id): (mean square, count).
+    self.compensation_state = {}
 
   def build(self, var_list):
-    """Builds the inner optimizer's slots and the shards; returns the
-    shards (the wrapper tracks them, so that checkpoints hold them)."""
+    """Builds the inner optimizer's slots, the shards and the compensation
+    rule's state; returns the shards (the wrapper tracks them, so that
+    checkpoints hold them)."""
     if self.shards is None:
       self.hooks.build(var_list)
       self.shards = self.strategy.build_shards()
+      if self.compensation.keeps_mean_square:
+        self._build_compensation_state()
     return self.shards
 
+  def _build_compensation_state(self):
+    """ms (or v) and t of each shard variable, on its ps task."""
+    with self.strategy.state_scope():
+      for shard in self.shards:
+        for index, variable in enumerate(shard.model_variables):
+          with self.strategy.extended.colocate_vars_with(variable):
+            self.compensation_state[id(variable)] = (
+                tf.Variable(tf.zeros(variable.shape, variable.dtype),
+                            trainable=False, name=(
+                                f"rudra/shard_{shard.index}/"
+                                f"{self.compensation.name}_mean_square_{index}")),
+                tf.Variable(tf.zeros([], variable.dtype), trainable=False,
+                            name=(f"rudra/shard_{shard.index}/"
+                                  f"{self.compensation.name}_count_{index}")))
+
   def variables(self):
-    """The inner optimizer's variables, then each shard's protocol state."""
+    """The inner optimizer's variables, then each shard's protocol state,
+    then the compensation rule's (mean square and count per variable)."""
     shard_variables = []
     for shard in self.shards or ():
       shard_variables += [shard.timestamp, shard.ledger]
       shard_variables += list(shard.accumulators)
-    return self.hooks.variables() + shard_variables
+    return (self.hooks.variables() + shard_variables +
+            self.compensation_variables())
+
+  def compensation_variables(self):
+    """The compensation rule's state, shard by shard: each variable's mean
+    square, then its count (empty for "none" and "delay")."""
+    state = []
+    for shard in self.shards or ():
+      for variable in shard.model_variables:
+        state += list(self.compensation_state.get(id(variable), ()))
+    return state
 
   def set_weights(self, weights):
     """Assigns `weights` (in the order of `variables`); ValueError, and
@@ -158,7 +202,31 @@ class ShardUpdates:
     grads = self.hooks.clip(grads, trainable_variables)
     self.strategy.push_gradients(
         list(zip(grads, trainable_variables)), pulled, self._apply_update,
-        self.policy)
+        self.policy,
+        correct=self._correct if self.compensation.enabled else None)
+
+  def _correct(self, gradient, variable, pulled, timestamp):
+    """One accepted gradient corrected by the compensation rule, on the
+    shard inside its lock: θ_now is the variable's live value, θ_pulled
+    what the learner computed on, α the step's rate m · α(timestamp)."""
+    gradient = tf.convert_to_tensor(gradient)
+    dtype = gradient.dtype
+    mean_square, count = self.compensation_state.get(id(variable),
+                                                     (None, None))
+    step_size = None
+    if self.compensation.name == compensation_lib.GAP_AWARE:
+      step_size = tf.cast(self.hooks.learning_rate_at(timestamp) *
+                          self.policy.multiplier, dtype)
+    corrected, new_mean_square, new_count = self.compensation.correct(
+        gradient, tf.cast(variable.live_read(), dtype), tf.cast(pulled, dtype),
+        0.0 if mean_square is None else mean_square.live_read(),
+        0.0 if count is None else count.live_read(), step_size,
+        ops=_TENSOR_OPS)
+    if mean_square is None:
+      return corrected
+    with tf.control_dependencies([mean_square.assign(new_mean_square),
+                                  count.assign(new_count)]):
+      return tf.identity(corrected)
 
   def _apply_update(self, mean_grads_and_vars, timestamp):
     """One update on one shard at `timestamp` (the shard clock's value
@@ -190,6 +258,16 @@ class WrapperSurface:
   @property
   def lr_policy(self):
     return self._updates.policy.name
+
+  @property
+  def compensation(self):
+    """The compensation rule's name (compensation.py)."""
+    return self._updates.compensation.name
+
+  @property
+  def compensation_strength(self):
+    """λ_dc ("delay") or λ0 ("delay_adaptive"); None for the others."""
+    return self._updates.compensation.strength
 
   @property
   def learning_rate_multiplier(self):

@@ -26,6 +26,7 @@ import heapq
 import numpy as np
 
 from rudra_tf import barrier
+from rudra_tf import compensation as compensation_lib
 from rudra_tf import protocol as protocol_lib
 from rudra_tf import report as report_lib
 from rudra_tf import transition
@@ -275,6 +276,14 @@ class KerasModelMath:
 
   def update(self, groups, count, learning_rate):
     """Applies (1/count)·Σ w·g; groups: [(snapshot, [(w, (x, y)), ...])]."""
+    self.apply(self.gradient_sum(groups), count, learning_rate)
+
+  def apply(self, summed, count, learning_rate):
+    """Applies (1/count)·summed with the inner optimizer at `learning_rate`."""
+    self._apply(summed, np.float32(count), np.float32(learning_rate))
+
+  def gradient_sum(self, groups):
+    """Σ w·g over groups: [(snapshot, [(w, (x, y)), ...])] (tensors)."""
     summed = None
     for snapshot, entries in groups:
       x = np.concatenate([batch[0] for _, batch in entries])
@@ -287,7 +296,40 @@ class KerasModelMath:
                                           total_weight)
       summed = gradients if summed is None else [
           a + b for a, b in zip(summed, gradients)]
-    self._apply(summed, np.float32(count), np.float32(learning_rate))
+    return summed
+
+
+class CompensatedGradients:
+  """The simulator's half of a compensation rule (compensation.py): each
+  accepted gradient corrected as the shard corrects it at its arrival.
+
+  No update happens between a round's pushes, so θ_now is the master's
+  weights when the round's update is applied, and the gradients are
+  corrected there in push order (the rule's state moves in that order).
+  """
+
+  def __init__(self, rule, math):
+    self.rule = rule
+    self._math = math
+    self._state = None  # per variable: (mean square, count)
+
+  def sum(self, accepted, versions, step_size):
+    """Σ w · correct(g) over accepted: [(version, w, batch)] (numpy)."""
+    current = self._math.snapshot()
+    if self._state is None:
+      self._state = [(np.zeros_like(v), 0) for v in current]
+    summed = [np.zeros_like(v) for v in current]
+    for version, weight, batch in accepted:
+      pulled = versions[version]
+      gradients = self._math.gradient_sum([(pulled, [(1.0, batch)])])
+      for i, gradient in enumerate(gradients):
+        mean_square, count = self._state[i]
+        corrected, mean_square, count = self.rule.correct(
+            gradient.numpy(), current[i], pulled[i], mean_square, count,
+            step_size)
+        self._state[i] = (mean_square, count)
+        summed[i] += weight * corrected.astype(summed[i].dtype)
+    return summed
 
 
 def _numpy_batches(data, learner, num_learners, minibatch, seed):
@@ -303,7 +345,8 @@ def _numpy_batches(data, learner, num_learners, minibatch, seed):
 def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
              steps_per_epoch=None, learning_rate=0.01, momentum=0.9,
              lr_policy="none", max_staleness=None, speed=SpeedModel(),
-             seed=0, out=None):
+             seed=0, out=None, compensation="none",
+             compensation_strength=None):
   """Trains `model_fn()` on `data` as λ learners under `protocol` would.
 
   Args:
@@ -314,6 +357,8 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
     steps_per_epoch: gradients per epoch (default train size / μ).
     learning_rate: α0 (a float, or a callable of the timestamp).
     speed: the learner-speed model.
+    compensation, compensation_strength: a rule of compensation.py, as the
+      StalenessAwareOptimizer takes it.
 
   Returns:
     A dict: test_accuracy, test_loss, report (a StalenessReport),
@@ -329,6 +374,9 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
       lambda _: learning_rate)
   math = KerasModelMath(model_fn, tf_keras.optimizers.SGD(
       learning_rate=float(schedule(0)), momentum=momentum))
+  rule = compensation_lib.Compensation.create(compensation,
+                                              compensation_strength)
+  compensated = CompensatedGradients(rule, math) if rule.enabled else None
   batches = [_numpy_batches(data, learner, num_learners, minibatch, seed)
              for learner in range(num_learners)]
   versions = {}        # timestamp -> weights, for versions still in use
@@ -347,12 +395,16 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
       accepted.append((version_of[learner], weight, batch))
 
   def on_update(timestamp):
-    groups = {}
-    for version, weight, batch in accepted:
-      groups.setdefault(version, []).append((weight, batch))
-    math.update([(versions[v], entries) for v, entries in groups.items()],
-                parsed.gradients_per_update,
-                schedule(timestamp) * multiplier)
+    learning_rate = schedule(timestamp) * multiplier
+    if compensated:
+      math.apply(compensated.sum(accepted, versions, learning_rate),
+                 parsed.gradients_per_update, learning_rate)
+    else:
+      groups = {}
+      for version, weight, batch in accepted:
+        groups.setdefault(version, []).append((weight, batch))
+      math.update([(versions[v], entries) for v, entries in groups.items()],
+                  parsed.gradients_per_update, learning_rate)
     accepted.clear()
     for version in set(versions) - set(version_of.values()):
       del versions[version]
@@ -365,7 +417,9 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
                                                   verbose=0)
   report = server.report()
   if out:
-    out(f"simulated {protocol} λ={num_learners} μ={minibatch} {lr_policy}: "
+    rule_text = "" if not rule.enabled else f" compensation={rule.name}"
+    out(f"simulated {protocol} λ={num_learners} μ={minibatch} {lr_policy}"
+        f"{rule_text}: "
         f"test accuracy {test_accuracy:.4f}; {report.summary()}")
   return {"test_accuracy": float(test_accuracy),
           "test_loss": float(test_loss), "report": report,

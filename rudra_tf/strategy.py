@@ -434,10 +434,7 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     for variable in self._trainable_variables:
       by_device.setdefault(variable.device, []).append(variable)
     bins = protocol_lib.histogram_bins(self._protocol.num_learners)
-    in_replica = tf.distribute.has_strategy() and \
-        not tf.distribute.in_cross_replica_context()
-    with tf.init_scope(), (
-        contextlib.nullcontext() if in_replica else self.scope()):
+    with self.state_scope():
       shards = [ShardState(self, index, device_variables, self._protocol, bins,
                            incarnations=list(self._incarnations))
                 for index, device_variables in
@@ -446,7 +443,19 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       self.restore_exact_rounds()
     return shards
 
-  def push_gradients(self, grads_and_vars, pulled, apply_update, lr_policy):
+  @contextlib.contextmanager
+  def state_scope(self):
+    """Where the shards' and the optimizer wrapper's state is created:
+    eagerly, under this strategy's scope (a training step's first trace
+    may call from inside a replica context, which already is)."""
+    in_replica = tf.distribute.has_strategy() and \
+        not tf.distribute.in_cross_replica_context()
+    with tf.init_scope(), (
+        contextlib.nullcontext() if in_replica else self.scope()):
+      yield
+
+  def push_gradients(self, grads_and_vars, pulled, apply_update, lr_policy,
+                     correct=None):
     """Pushes one learner's gradients, shard by shard (graph code).
 
     Args:
@@ -455,17 +464,25 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       apply_update: fn(list of (mean gradient, variable), timestamp): one
         update with the inner optimizer, run on the shard.
       lr_policy: the `protocol.LearningRatePolicy` (w(σ) on the shard).
+      correct: None, or a compensation rule's fn(gradient, variable,
+        θ_pulled, timestamp), run on the shard (`ShardState.push`): the
+        pulled weights then travel with the gradients, and a row gradient
+        travels dense.
 
     Returns:
       Each shard's staleness of this gradient (-1 for a refused duplicate).
     """
-    per_shard = {}
+    per_shard, pulled_weights = {}, {}
     for gradient, variable in _split_sharded(grads_and_vars):
       shard = self._shard_of(variable)
       # A row gradient (an embedding lookup's) travels as its rows.
-      gradient = (sparse.deduplicate(gradient) if sparse.is_rows(gradient)
+      gradient = (sparse.deduplicate(gradient)
+                  if sparse.is_rows(gradient) and correct is None
                   else tf.convert_to_tensor(gradient))
       per_shard.setdefault(shard.index, []).append((gradient, variable))
+      if correct is not None:
+        pulled_weights.setdefault(shard.index, []).append(
+            pulled.snapshots[id(variable)])
     staleness = []
     for shard in self._shards:
       if shard.index in per_shard:
@@ -473,7 +490,8 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
             per_shard[shard.index], pulled.timestamps[shard.index],
             apply_update, lr_policy, self._max_staleness,
             consistent=self._consistent_pulls, push_key=pulled.push_key,
-            learner=pulled.learner, incarnation=pulled.incarnation))
+            learner=pulled.learner, incarnation=pulled.incarnation,
+            correct=correct, pulled_weights=pulled_weights.get(shard.index)))
     return staleness
 
   def restore_exact_rounds(self):

@@ -205,6 +205,22 @@ def test_network_bound_of_ps_capacity_on_links():
   assert bound(1, 8, 0, 10) is None    # no rate limit: no bound
 
 
+def test_ps_capacity_ratios_pair_each_rule_with_its_plain_point():
+  # 10 MB: 1 ps 4.0 and 2 ps 7.0 pushes/s without a rule; with "delay"
+  # 3.0 and 6.0. vs 1 ps: 7/4 = 1.75 and 6/3 = 2.0 (each rule against its
+  # own 1-ps point); vs none: 3/4 = 0.75 and 6/7 = 0.857.
+  rows = ps_capacity.add_ratios([
+      {"size_mb": 10, "ps_tasks": 1, "pushes_per_s": 4.0},
+      {"size_mb": 10, "ps_tasks": 2, "pushes_per_s": 7.0},
+      {"size_mb": 10, "ps_tasks": 1, "compensation": "delay",
+       "pushes_per_s": 3.0},
+      {"size_mb": 10, "ps_tasks": 2, "compensation": "delay",
+       "pushes_per_s": 6.0}])
+  assert [r["vs_one_ps"] for r in rows] == [1.0, 1.75, 1.0, 2.0]
+  assert [r["vs_no_compensation"] for r in rows] == pytest.approx(
+      [1.0, 1.0, 0.75, 6 / 7])
+
+
 def test_repeats_give_median_ratios_with_their_range():
   # Three repeats of a pair: stock PS 400, 500, 600 examples/s; Rudra 440,
   # 450, 900. Each repeat's ratio is of its own pair: 1.1, 0.9, 1.5; the
@@ -278,7 +294,15 @@ def test_protocols_on_links_refuses_bad_values_naming_the_valid_ones():
       timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
   assert result.returncode == 2
   assert ("Unknown --contenders value 'rudra:fast'; valid values are "
-          "parameter_server, rudra:hardsync") in result.stderr
+          "parameter_server and rudra:<protocol> with a protocol of "
+          '"hardsync", "async"') in result.stderr
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.protocols_on_links",
+       "--contenders=rudra:4-backup-hardsync"], cwd=REPO,
+      capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, PYTHONPATH=REPO))
+  assert result.returncode == 2  # λ = 4 leaves no learner for the round
+  assert "'rudra:4-backup-hardsync'" in result.stderr
   result = subprocess.run(
       [sys.executable, "-m", "benchmarks.protocols_on_links",
        "--report_accuracies=0.9"], cwd=REPO, capture_output=True, text=True,

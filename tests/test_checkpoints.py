@@ -18,7 +18,7 @@ JOB = ["--model=mlp", "--dataset=synthetic", "--learners=2", "--ps_tasks=1",
 def config(directory, **overrides):
   values = dict(model="mlp", dataset="synthetic", protocol="async",
                 num_learners=2, num_ps=1, lr_policy="divide_by_n",
-                steps_per_epoch=10, minibatch=8,
+                steps_per_epoch=10, minibatch=8, compensation="none",
                 checkpoint_dir=str(directory))
   values.update(overrides)
   return types.SimpleNamespace(**values)
@@ -56,6 +56,9 @@ def test_a_fresh_or_matching_directory_is_accepted(tmp_path):
     # another μ, which sets the default length) would misplace it.
     (dict(steps_per_epoch=20), "steps_per_epoch 10 there, 20 now"),
     (dict(minibatch=16), "minibatch 8 there, 16 now"),
+    # The checkpoint holds the rule's state (or none of it).
+    (dict(compensation="gap_aware"), "compensation 'none' there, "
+     "'gap_aware' now"),
 ])
 def test_a_different_run_is_refused(tmp_path, change, fragment):
   fake_checkpoint(tmp_path)

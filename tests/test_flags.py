@@ -22,7 +22,8 @@ def flag_values(**overrides):
                 gpus=0, steps_per_execution=1, emulated_step_ms=[],
                 learner_restarts=3, kill_task=[], save_model=None,
                 checkpoint_every_steps=None, checkpoint_every_secs=None,
-                progress_every_s=5.0, keras="tf_keras")
+                progress_every_s=5.0, keras="tf_keras", compensation="none",
+                compensation_strength=None)
   values.update(overrides)
   return types.SimpleNamespace(**values)
 
@@ -36,6 +37,14 @@ def flag_values(**overrides):
     ({}, 4, 0, "--ps_tasks must be >= 1"),
     (dict(protocol="5-softsync"), 4, 1, "n = 5"),
     (dict(lr_policy="half"), 4, 1, "Unknown lr_policy 'half'"),
+    (dict(compensation="dc"), 4, 1, "--compensation='dc' "
+     "--compensation_strength=None: Unknown compensation 'dc'; valid values "
+     "are 'none', 'delay', 'delay_adaptive', 'gap_aware'."),
+    (dict(compensation="gap_aware", compensation_strength=0.1), 4, 1,
+     "compensation 'gap_aware' takes no strength"),
+    (dict(compensation="delay", compensation_strength=-1.0), 4, 1,
+     "must be a number >= 0, got -1.0"),
+    (dict(protocol="4-backup-hardsync"), 4, 1, "1 <= b < λ"),
     (dict(lr=0.0), 4, 1, "--lr must be > 0"),
     (dict(momentum=1.0), 4, 1, "--momentum must be in [0, 1)"),
     (dict(epochs=0), 4, 1, "--epochs must be >= 1"),
@@ -126,3 +135,12 @@ def test_flag_validation_does_not_import_tensorflow():
                        timeout=60)
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() == "False"
+
+
+def test_compensation_flags_resolve_to_the_rules_defaults():
+  config = launch_flags.resolve_config(
+      flag_values(compensation="delay", protocol="1-backup-hardsync"), 4, 1)
+  assert (config.compensation, config.compensation_strength) == ("delay", 0.04)
+  assert config.protocol == "1-backup-hardsync"
+  config = launch_flags.resolve_config(flag_values(), 4, 1)
+  assert (config.compensation, config.compensation_strength) == ("none", None)

@@ -174,11 +174,16 @@ def test_speed_model_and_policy_validation():
     server("async", 2, lr_policy="half")
 
 
-def test_one_learner_async_simulation_equals_plain_sgd():
+@pytest.mark.parametrize("compensation", [
+    "none", "delay", "delay_adaptive", "gap_aware"])
+def test_one_learner_async_simulation_equals_plain_sgd(compensation):
+  # One learner's gradients are never stale (θ_now = θ_pulled): every
+  # compensation rule leaves them as they are (gap_aware's G = 1).
   data, model_fn = tiny_problem(train_size=256)
   result = simulate.simulate(model_fn, data, "async", num_learners=1,
                              minibatch=8, steps_per_epoch=40,
-                             learning_rate=0.05, seed=3)
+                             learning_rate=0.05, seed=3,
+                             compensation=compensation)
   assert result["updates"] == 40 and result["report"].max == 0
   batches = data.learner_batches(0, 1, 8, seed=3)
   x, y = (np.concatenate(part) for part in zip(
@@ -186,6 +191,44 @@ def test_one_learner_async_simulation_equals_plain_sgd():
   reference = plain_sgd(model_fn, 3, 0.05, x, y, batch_size=8)
   assert_same_weights(result["weights"], reference, atol=1e-7)
   assert not np.allclose(result["weights"][0], model_fn().get_weights()[0])
+
+
+def test_compensation_corrects_each_stale_gradient_against_the_master():
+  # Async, λ = 4: "delay" with λ_dc = 0 takes the per-gradient path and
+  # must equal "none" (the grouped path) to float precision; λ_dc = 1 moves
+  # the weights elsewhere; "gap_aware" damps stale gradients, so its
+  # weights move less far from the start than "none"'s.
+  data, model_fn = tiny_problem(train_size=256)
+
+  def weights(**kwargs):
+    return simulate.simulate(model_fn, data, "async", num_learners=4,
+                             minibatch=8, steps_per_epoch=40,
+                             learning_rate=0.05, seed=3, **kwargs)["weights"]
+  plain = weights()
+  assert_same_weights(weights(compensation="delay", compensation_strength=0.0),
+                      _Weights(plain), atol=1e-6)
+  strong = weights(compensation="delay", compensation_strength=1.0)
+  assert not np.allclose(strong[0], plain[0], atol=1e-4)
+  start = _first_built(model_fn)
+  distance = lambda w: sum(np.abs(a - b).sum() for a, b in zip(w, start))
+  assert distance(weights(compensation="gap_aware")) < distance(plain)
+
+
+class _Weights:
+  """Weights in the shape assert_same_weights compares with."""
+
+  def __init__(self, weights):
+    self._weights = weights
+
+  def get_weights(self):
+    return self._weights
+
+
+def _first_built(model_fn, seed=3):
+  """The initial weights the simulator starts from (its first model)."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  tf_keras.utils.set_random_seed(seed)
+  return model_fn().get_weights()
 
 
 def test_simulation_of_many_learners_trains():

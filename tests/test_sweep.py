@@ -38,6 +38,23 @@ def test_grid_runs_each_point_once_per_seed():
     sweep.grid(["async"], ["none"], ["4"], ["2"], seeds=["x"])
 
 
+def test_grid_crosses_compensations_and_momentums():
+  points, _ = sweep.grid(["async"], ["none"], ["4"], ["2"],
+                         compensations=["none", "gap_aware"],
+                         momentums=["0.9", "0"])
+  # Defaults stay out of the key: earlier sweeps' points keep theirs.
+  assert [sweep.point_key(p) for p in points] == [
+      "async__none__mu4__lambda2__seed0",
+      "async__none__momentum0__mu4__lambda2__seed0",
+      "async__none__gap_aware__mu4__lambda2__seed0",
+      "async__none__gap_aware__momentum0__mu4__lambda2__seed0"]
+  with pytest.raises(ValueError, match="Unknown compensation 'dc'"):
+    sweep.grid(["async"], ["none"], ["4"], ["2"], compensations=["dc"])
+  with pytest.raises(ValueError, match=r"momentums must be numbers in \[0, "
+                     r"1\), got '1.5'"):
+    sweep.grid(["async"], ["none"], ["4"], ["2"], momentums=["1.5"])
+
+
 def test_table_averages_over_seeds():
   row = {"protocol": "async", "n": 2, "lr_policy": "none", "minibatch": 4,
          "learners": 2, "staleness_max": 1, "updates": 10, "wall_time_s": 1.0}
@@ -45,7 +62,7 @@ def test_table_averages_over_seeds():
           dict(row, seed=1, test_error=0.3, staleness_mean=1.0,
                staleness_max=3, wall_time_s=2.0)]
   line = sweep.markdown_table(rows).splitlines()[2]
-  assert line == ("| async | 2 | none | 4 | 2 | 8 | 2 | 0.2500 "
+  assert line == ("| async | 2 | none | none | 0.9 | 4 | 2 | 8 | 2 | 0.2500 "
                   "(0.2000–0.3000) | 0.75 | 3 | 10 | 1.5 |")
   # A seed whose test loss was NaN (null in launch.train's JSON) is counted.
   rows[1].update(test_error=0.9, diverged=sweep.diverged(None))
@@ -54,13 +71,14 @@ def test_table_averages_over_seeds():
   assert "| 0.5500 (0.2000–0.9000), 1 diverged |" in line
 
 
-def run_sweep(out_dir):
+def run_sweep(out_dir, *overrides):
   return subprocess.run(
       [sys.executable, "-m", "launch.sweep", "--backend=simulator",
        "--dataset=synthetic", "--model=mlp", "--learners=2,4",
        "--minibatches=4", "--protocols=hardsync,3-softsync",
        "--lr_policies=none", "--steps_per_epoch=20", "--lr=0.05",
-       f"--out_dir={out_dir}"], cwd=REPO, capture_output=True, text=True,
+       f"--out_dir={out_dir}", *overrides], cwd=REPO, capture_output=True,
+      text=True,
       env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"),
       timeout=600)
 
@@ -88,3 +106,15 @@ def test_sweep_writes_rows_table_and_plot_and_resumes(tmp_path):
   assert second.stdout.count("done before") == 3
   assert ": running" not in second.stdout
   assert json.loads((tmp_path / "results.json").read_text()) == rows
+  # Another sweep into the same folder (a rule, no momentum): its point
+  # joins the reports beside the earlier ones.
+  third = run_sweep(tmp_path, "--learners=2", "--protocols=hardsync",
+                    "--compensations=gap_aware", "--momentums=0")
+  assert third.returncode == 0, third.stderr
+  assert third.stdout.count(": running") == 1
+  every = json.loads((tmp_path / "results.json").read_text())
+  assert len(every) == 4
+  added, = [r for r in every if r.get("compensation") == "gap_aware"]
+  assert added["momentum"] == 0.0 and added["gradients"] == 20
+  assert "| hardsync | 1 | none | gap_aware | 0 | 4 | 2 |" in (
+      tmp_path / "table.md").read_text()
