@@ -38,6 +38,8 @@ class Keras3StalenessAwareOptimizer(shard_updates.WrapperSurface,
   with the inner optimizer's `update_step`, its slots, and its (scheduled)
   rate α at the shard's timestamp i; m and w(σ) by `lr_policy` ("none",
   "divide_by_n", "divide_by_staleness"; see rudra_tf.StalenessAwareOptimizer).
+  `compensation` ("none", "delay", "delay_adaptive", "gap_aware") corrects
+  each g_l on the shard first, as there (rudra_tf/compensation.py).
 
       strategy = rudra_tf.RudraStrategy(resolver, protocol="2-softsync")
       with strategy.scope():

@@ -69,6 +69,20 @@ def test_a_different_run_is_refused(tmp_path, change, fragment):
       error.value)
 
 
+def test_a_run_file_from_before_compensation_means_none(tmp_path):
+  # Written before the compensation flag existed: it had no rule.
+  fake_checkpoint(tmp_path)
+  checkpoints.record_run(config(tmp_path))
+  run_file = tmp_path / checkpoints.RUN_FILE
+  identity = json.loads(run_file.read_text())
+  del identity["compensation"]
+  run_file.write_text(json.dumps(identity))
+  checkpoints.check_resumable(config(tmp_path))
+  with pytest.raises(ValueError, match="compensation 'none' there, 'delay' "
+                     "now"):
+    checkpoints.check_resumable(config(tmp_path, compensation="delay"))
+
+
 def test_missing_or_corrupt_files_are_refused(tmp_path):
   fake_checkpoint(tmp_path, files=(".data-00000-of-00002",))
   checkpoints.record_run(config(tmp_path))
