@@ -118,3 +118,33 @@ def test_keras3_runs_resumes_and_saves_a_keras3_model(tmp_path):
   assert bad.returncode == 2
   assert out.strip().splitlines()[-1] == (
       "error: --keras='keras2' is unknown; valid values are tf_keras, keras3.")
+
+
+def test_a_compensation_rule_trains_resumes_with_its_state_and_is_kept(
+    tmp_path):
+  # --compensation=gap_aware: the line at the start names it, the results
+  # record it, the run resumes from its checkpoint (the rule's own state
+  # coming back is tests/test_compensation.py's), and resuming under
+  # another rule is refused.
+  checkpoints, results = tmp_path / "ckpt", tmp_path / "results.json"
+  common = SMALL_JOB[:-3] + ["--steps_per_epoch=12", "--minibatch=8",
+                             "--compensation=gap_aware",
+                             f"--checkpoint_dir={checkpoints}",
+                             f"--results={results}"]
+  first = launch(common + ["--epochs=1"])
+  out, _ = first.communicate(timeout=300)
+  assert first.returncode == 0, out
+  assert "lr_policy=divide_by_n, compensation=gap_aware, 12 gradients" in out
+  second = launch(common + ["--epochs=2"])
+  out, _ = second.communicate(timeout=300)
+  assert second.returncode == 0, out
+  assert "resumed from" in out
+  saved = json.loads(results.read_text())
+  assert saved["gradients"] == 24
+  assert saved["config"]["compensation"] == "gap_aware"
+  assert saved["config"]["compensation_strength"] is None
+  other = launch([f if not f.startswith("--compensation=") else
+                  "--compensation=delay" for f in common] + ["--epochs=3"])
+  out, _ = other.communicate(timeout=300)
+  assert other.returncode != 0
+  assert "compensation 'gap_aware' there, 'delay' now" in out
