@@ -38,7 +38,8 @@ import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIDS_VARIABLE = "RUDRA_TASK_PIDS"  # launch.local_cluster's, without its import
-PROTOCOLS = ("hardsync", "1-softsync", "2-softsync", "async")
+PROTOCOLS = ("hardsync", "1-backup-hardsync", "1-softsync", "2-softsync",
+             "async")
 # A learner is killed only once its (restarted) server accepts connections:
 # a kill during TensorFlow's import tests the launcher, not the protocol.
 SERVING_CHECK_S = 0.2

@@ -2,7 +2,7 @@
 
 The short version of `python -m benchmarks.chaos`: for every protocol, one
 local run (λ = 3, 2 epochs of 600 steps; steps_per_execution 1 for
-hardsync and 2-softsync, 3 for 1-softsync and async) in which learners are SIGKILLed at random moments (seeded), as an
+hardsync, 1-backup-hardsync and 2-softsync, 3 for 1-softsync and async) in which learners are SIGKILLed at random moments (seeded), as an
 operator's `kill -9` would: not at closure boundaries nor at a gradient
 count the fault injector picks. The launcher restarts each; TF re-runs its
 closure. The run must end with exactly epochs × steps_per_epoch gradients,
@@ -20,7 +20,8 @@ KILLS_PER_RUN = 3
 
 
 @pytest.mark.parametrize("protocol,steps_per_execution", [
-    ("hardsync", 1), ("1-softsync", 3), ("2-softsync", 1), ("async", 3)])
+    ("hardsync", 1), ("1-backup-hardsync", 1), ("1-softsync", 3),
+    ("2-softsync", 1), ("async", 3)])
 def test_random_time_learner_kills_leave_the_totals_exact(
     tmp_path, protocol, steps_per_execution):
   rng = random.Random(f"{protocol}-{steps_per_execution}")
