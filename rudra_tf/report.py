@@ -18,6 +18,20 @@ def histogram_delta_stats(before, after):
   return mean, int(np.max(np.nonzero(delta)[0]))
 
 
+def fraction_above(histogram, threshold):
+  """P(σ > threshold) of a staleness histogram (0 when it is empty).
+
+  Exact while threshold + 1 < len(histogram): the last bin counts every σ
+  at or above its index (the paper's tail, P(σ > 2n), needs 2n + 1 bins;
+  protocol.histogram_bins gives 4λ + 1)."""
+  histogram = np.asarray(histogram)
+  if threshold + 1 >= len(histogram):
+    raise ValueError(f"P(σ > {threshold}) needs more than {threshold + 1} "
+                     f"histogram bins; this one has {len(histogram)}.")
+  total = histogram.sum()
+  return float(histogram[threshold + 1:].sum() / total) if total else 0.0
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardReport:
   """One shard's counters.
