@@ -297,16 +297,28 @@ def average_over_seeds(rows):
         "diverged": sum(bool(r.get("diverged")) for r in runs),
         "staleness_mean": mean("staleness_mean"),
         "staleness_max": max(r["staleness_max"] for r in runs),
+        "staleness_tail": _mean_or_none([staleness_tail(r) for r in runs]),
         "updates": mean("updates"), "wall_time_s": mean("wall_time_s")})
   return averaged
+
+
+def staleness_tail(row):
+  """P(σ > 2n), the paper's tail, of a row's histogram (None without one)."""
+  from rudra_tf import report  # pylint: disable=g-import-not-at-top
+  histogram = row.get("staleness_histogram")
+  if histogram is None:
+    return None
+  # Rows keep the histogram up to its last non-zero bin: the rest is 0.
+  padded = list(histogram) + [0] * (2 * row["n"] + 2)
+  return report.fraction_above(padded, 2 * row["n"])
 
 
 def markdown_table(rows):
   """One line per point, averaged over its seeds (error range in brackets)."""
   lines = ["| protocol | n | lr_policy | compensation | momentum | μ | λ | "
-           "μλ | seeds | test error | staleness mean | max | updates | "
-           "wall time (s) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "μλ | seeds | test error | staleness mean | max | P(σ > 2n) | "
+           "updates | wall time (s) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for row in average_over_seeds(rows):
     error = f"{row['test_error']:.4f}"
     if row["seeds"] > 1:
@@ -320,8 +332,20 @@ def markdown_table(rows):
         f"{row['minibatch']} | {row['learners']} | "
         f"{row['minibatch'] * row['learners']} | {row['seeds']} | {error} | "
         f"{row['staleness_mean']:.2f} | {row['staleness_max']} | "
+        f"{_tail_text(row['staleness_tail'])} | "
         f"{row['updates']:.0f} | {row['wall_time_s']:.1f} |")
   return "\n".join(lines) + "\n"
+
+
+def _mean_or_none(values):
+  return None if None in values else sum(values) / len(values)
+
+
+def _tail_text(tail):
+  """P(σ > 2n) as a table cell: '0' when none, else 2 significant figures."""
+  if tail is None:
+    return "–"
+  return "0" if tail == 0 else f"{tail:.2g}"
 
 
 def plot_reports(rows, out_dir):

@@ -63,7 +63,12 @@ def test_table_averages_over_seeds():
                staleness_max=3, wall_time_s=2.0)]
   line = sweep.markdown_table(rows).splitlines()[2]
   assert line == ("| async | 2 | none | none | 0.9 | 4 | 2 | 8 | 2 | 0.2500 "
-                  "(0.2000–0.3000) | 0.75 | 3 | 10 | 1.5 |")
+                  "(0.2000–0.3000) | 0.75 | 3 | – | 10 | 1.5 |")
+  # P(σ > 2n = 4), the mean over seeds: 0 of 4, then 1 of 4 (a σ = 5).
+  rows[0]["staleness_histogram"] = [2, 2]
+  rows[1]["staleness_histogram"] = [1, 1, 0, 0, 1, 1]
+  line = sweep.markdown_table(rows).splitlines()[2]
+  assert "| 0.75 | 3 | 0.12 | 10 | 1.5 |" in line
   # A seed whose test loss was NaN (null in launch.train's JSON) is counted.
   rows[1].update(test_error=0.9, diverged=sweep.diverged(None))
   assert sweep.diverged(float("nan")) and not sweep.diverged(0.4)
