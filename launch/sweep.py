@@ -50,15 +50,17 @@ flags.DEFINE_float("lr", 0.02, "Base learning rate α0.")
 flags.DEFINE_integer("epochs", 1, "Epochs per point.")
 flags.DEFINE_integer("steps_per_epoch", None, "Gradients per epoch "
                      "(default: one pass, train size / μ).")
-flags.DEFINE_enum("speed", "equal", ["equal", "random", "straggler"],
-                  "Learner-speed model (simulator).")
+flags.DEFINE_enum("speed", "equal", ["equal", "random", "normal",
+                                     "straggler"],
+                  "Learner-speed model (simulator; rudra_tf/simulate.py).")
 flags.DEFINE_list("emulated_step_ms", [], "Per-learner compute time in ms "
                   "(one value, or one per learner with learner 0 the "
                   "straggler): the cluster backend's learners sleep that "
                   "long per step (launch/train.py --emulated_step_ms) and "
                   "the simulator uses the same speeds instead of --speed.")
 flags.DEFINE_float("jitter", 0.5, "Simulator, --speed=random: step times are "
-                   "uniform in [1 - jitter, 1 + jitter].")
+                   "uniform in [1 - jitter, 1 + jitter]; --speed=normal: "
+                   "normal of mean 1 and this standard deviation.")
 flags.DEFINE_float("gap", 0.0, "Simulator: time from a learner's push to its "
                    "next pull, in units of a step (a cluster's scheduling "
                    "gap; about 0 with --steps_per_execution > 1).")

@@ -31,7 +31,9 @@ from rudra_tf import protocol as protocol_lib
 from rudra_tf import report as report_lib
 from rudra_tf import transition
 
-SPEED_MODELS = ("equal", "random", "straggler")
+SPEED_MODELS = ("equal", "random", "normal", "straggler")
+# "normal" step times are cut here from below: a step takes some time.
+MIN_NORMAL_STEP = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,8 @@ class SpeedModel:
 
   * "equal": every step takes 1.
   * "random": each step takes a uniform draw in [1 - jitter, 1 + jitter].
+  * "normal": each step takes a normal draw of mean 1 and standard
+    deviation `jitter`, at least MIN_NORMAL_STEP.
   * "straggler": learner 0 takes `straggler_factor`, the others 1.
 
   `gap` is the time from a learner's push to its next pull (on a cluster:
@@ -88,6 +92,8 @@ class SpeedModel:
   def step_time(self, learner, rng):
     if self.kind == "random":
       return float(rng.uniform(1 - self.jitter, 1 + self.jitter))
+    if self.kind == "normal":
+      return max(MIN_NORMAL_STEP, float(rng.normal(1.0, self.jitter)))
     if self.kind == "straggler" and learner == 0:
       return float(self.straggler_factor)
     return 1.0

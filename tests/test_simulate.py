@@ -142,6 +142,24 @@ def test_invariants_under_random_speeds(protocol, num_learners, seed):
     assert ps.histogram[0] == 157
 
 
+def test_normal_step_times_have_the_jitter_as_their_spread():
+  # N(1, 0.2): over 4000 draws the mean is 1 and the standard deviation
+  # 0.2 within sampling error; no draw is below the floor.
+  rng = np.random.default_rng(0)
+  speed = simulate.SpeedModel("normal", jitter=0.2)
+  times = np.array([speed.step_time(0, rng) for _ in range(4000)])
+  assert times.mean() == pytest.approx(1.0, abs=0.02)
+  assert times.std() == pytest.approx(0.2, abs=0.01)
+  wide = simulate.SpeedModel("normal", jitter=0.9)
+  assert min(wide.step_time(0, rng) for _ in range(2000)) == (
+      simulate.MIN_NORMAL_STEP)
+  # Async under normal jitter: σ spreads around λ − 1 = 3, both ways.
+  ps = server("async", 4)
+  simulate.run_protocol(ps, 400, simulate.SpeedModel("normal", jitter=0.3))
+  assert ps.histogram[2] > 0 and ps.histogram[4] > 0
+  assert ps.received == 400 == ps.histogram.sum()
+
+
 def test_runs_are_deterministic_for_a_seed():
   def trace(seed):
     return simulate.run_protocol(server("2-softsync", 6), 60,
@@ -162,7 +180,7 @@ def test_a_straggler_slows_hardsync_more_than_softsync():
 
 
 def test_speed_model_and_policy_validation():
-  with pytest.raises(ValueError, match="'warp'.*equal, random, straggler"):
+  with pytest.raises(ValueError, match="'warp'.*equal, random, normal, straggler"):
     simulate.SpeedModel("warp")
   with pytest.raises(ValueError, match="jitter"):
     simulate.SpeedModel("random", jitter=1.5)
