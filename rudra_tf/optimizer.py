@@ -109,7 +109,11 @@ class StalenessAwareOptimizer(shard_updates.WrapperSurface,
   model, or the reverse, is refused at compile.
 
   Limitations: `use_ema=True`, and a Keras 3 optimizer's
-  `gradient_accumulation_steps`, are not supported.
+  `gradient_accumulation_steps`, are not supported. With a compensation
+  rule every update runs inside the shard's lock (async's unlocked path
+  under `consistent_pulls=False` is not taken: the rule's state and θ_now
+  must be one version), a push carries the model's size M more bytes, and
+  an embedding's row gradient travels dense.
   """
 
   def __new__(cls, optimizer=None, *args, **kwargs):
