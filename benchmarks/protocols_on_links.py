@@ -17,7 +17,9 @@ network, not the CPU, sets the pace. Two scenarios:
   input pipeline, so a slow-compute straggler cannot be made there).
 
 Each contender (stock ParameterServerStrategy, async; RudraStrategy with
-hardsync, 1-softsync, 2-softsync, async) trains benchmarks/task.py's
+hardsync, 1-softsync, 2-softsync, async by default; any
+"rudra:<protocol>[:<lr_policy>][+<compensation>]", e.g.
+"rudra:1-backup-hardsync" or "rudra:async:none+gap_aware") trains benchmarks/task.py's
 AccuracyCurve: epochs of --steps_per_epoch gradients until the test
 accuracy reaches --target_accuracy. Per run: examples/s and updates/s over
 the epochs after the first (which traces), σ mean, the training time (the
@@ -54,14 +56,46 @@ _MEDIAN_FIGURES = ("examples_per_s", "updates_per_s", "staleness_mean",
 _RATIOS = ("vs_parameter_server", "time_vs_hardsync")
 
 
+def parse_contender(value, default_lr_policy, num_learners):
+  """(strategy, protocol, lr_policy, compensation) of a contender:
+  "parameter_server", or "rudra:<protocol>[:<lr_policy>][+<compensation>]"
+  ("rudra:async:none+gap_aware"; the lr_policy defaults to --lr_policy).
+  Raises ValueError naming the bad value and the valid spellings."""
+  from rudra_tf import compensation as compensation_lib  # pylint: disable=g-import-not-at-top
+  if value == "parameter_server":
+    return "parameter_server", "async", default_lr_policy, "none"
+  spec, _, compensation = value.partition("+")
+  strategy, _, rest = spec.partition(":")
+  protocol, _, lr_policy = rest.partition(":")
+  try:
+    if strategy != "rudra" or not protocol:
+      raise ValueError(value)
+    protocol_lib.parse_protocol(protocol, num_learners)
+    protocol_lib.validate_lr_policy(lr_policy or default_lr_policy)
+    compensation_lib.Compensation.create(compensation or "none")
+  except ValueError:
+    raise ValueError(
+        f"Unknown --contenders value {value!r}; valid values are "
+        "parameter_server and rudra:<protocol>[:<lr_policy>][+<compensation>] "
+        f"with a protocol of {protocol_lib.VALID_PROTOCOLS_TEXT} (λ = "
+        f"{num_learners}), an lr_policy of "
+        f"{', '.join(protocol_lib.LR_POLICIES)} and a compensation of "
+        f"{', '.join(compensation_lib.COMPENSATIONS)} (default "
+        f"{', '.join(CONTENDERS)}).") from None
+  return strategy, protocol, lr_policy or default_lr_policy, (
+      compensation or "none")
+
+
 def task_flags(contender, out, seed):
   """benchmarks.task's flags for one run of `contender`."""
-  strategy, _, protocol = contender.partition(":")
-  return [f"--strategy={strategy}", f"--protocol={protocol or 'async'}",
+  strategy, protocol, lr_policy, compensation = parse_contender(
+      contender, FLAGS.lr_policy, FLAGS.learners)
+  return [f"--strategy={strategy}", f"--protocol={protocol}",
           f"--model={FLAGS.model}", "--dataset=fashion_mnist",
           f"--minibatch={FLAGS.minibatch}",
           f"--steps_per_epoch={FLAGS.steps_per_epoch}",
-          f"--lr={FLAGS.lr}", f"--lr_policy={FLAGS.lr_policy}",
+          f"--lr={FLAGS.lr}", f"--lr_policy={lr_policy}",
+          f"--compensation={compensation}",
           f"--target_accuracy={FLAGS.target_accuracy}",
           f"--max_epochs={FLAGS.max_epochs}", f"--seed={seed}",
           f"--out={out}"]
@@ -241,19 +275,7 @@ def validate():
       raise ValueError(f"Unknown --scenarios value {value!r}; valid values "
                        f"are {', '.join(SCENARIOS)}.")
   for value in FLAGS.contenders:
-    strategy, _, protocol = value.partition(":")
-    valid = value == "parameter_server" or (strategy == "rudra" and protocol)
-    if valid and strategy == "rudra":
-      try:
-        protocol_lib.parse_protocol(protocol, FLAGS.learners)
-      except ValueError:
-        valid = False
-    if not valid:
-      raise ValueError(
-          f"Unknown --contenders value {value!r}; valid values are "
-          f"parameter_server and rudra:<protocol> with a protocol of "
-          f"{protocol_lib.VALID_PROTOCOLS_TEXT} (λ = {FLAGS.learners}; "
-          f"default {', '.join(CONTENDERS)}).")
+    parse_contender(value, FLAGS.lr_policy, FLAGS.learners)
   if FLAGS.link_mbit <= 0 or FLAGS.straggler_slowdown < 1:
     raise ValueError(f"--link_mbit must be > 0 (got {FLAGS.link_mbit}) and "
                      f"--straggler_slowdown >= 1 (got "

@@ -287,6 +287,20 @@ def test_a_lower_accuracy_is_timed_from_the_same_curve():
   assert "time_to_target_s" not in row  # the run's own row is left as is
 
 
+def test_a_contender_names_its_protocol_policy_and_rule():
+  parse = protocols_on_links.parse_contender
+  assert parse("rudra:async", "divide_by_n", 4) == (
+      "rudra", "async", "divide_by_n", "none")
+  assert parse("rudra:async:none+gap_aware", "divide_by_n", 4) == (
+      "rudra", "async", "none", "gap_aware")
+  assert parse("rudra:1-backup-hardsync+delay", "none", 4) == (
+      "rudra", "1-backup-hardsync", "none", "delay")
+  assert parse("parameter_server", "none", 4)[0] == "parameter_server"
+  for bad in ("rudra:async:half", "rudra:async+dc", "stock:async"):
+    with pytest.raises(ValueError, match="an lr_policy of none, divide_by_n"):
+      parse(bad, "none", 4)
+
+
 def test_protocols_on_links_refuses_bad_values_naming_the_valid_ones():
   result = subprocess.run(
       [sys.executable, "-m", "benchmarks.protocols_on_links",
@@ -294,8 +308,9 @@ def test_protocols_on_links_refuses_bad_values_naming_the_valid_ones():
       timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
   assert result.returncode == 2
   assert ("Unknown --contenders value 'rudra:fast'; valid values are "
-          "parameter_server and rudra:<protocol> with a protocol of "
-          '"hardsync", "async"') in result.stderr
+          "parameter_server and rudra:<protocol>[:<lr_policy>]"
+          '[+<compensation>] with a protocol of "hardsync", "async"'
+          ) in result.stderr
   result = subprocess.run(
       [sys.executable, "-m", "benchmarks.protocols_on_links",
        "--contenders=rudra:4-backup-hardsync"], cwd=REPO,
