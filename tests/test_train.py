@@ -10,6 +10,14 @@ import pytest
 from tests.processes import SMALL_JOB, launch
 
 
+def finished(args):
+  """Runs launch.train with `args` to its end; its output (it must succeed)."""
+  job = launch(args)
+  out, _ = job.communicate(timeout=300)
+  assert job.returncode == 0, out
+  return out
+
+
 def test_cli_errors_are_one_line_before_any_server(tmp_path):
   bad = launch(["--learners=0"])
   out, _ = bad.communicate(timeout=60)
@@ -52,13 +60,9 @@ def test_checkpoint_dir_resumes_where_the_last_run_stopped(tmp_path):
   common = SMALL_JOB[:-3] + ["--steps_per_epoch=12", "--minibatch=8",
                              f"--checkpoint_dir={checkpoints}",
                              f"--results={results}"]
-  first = launch(common + ["--epochs=1"])
-  out, _ = first.communicate(timeout=300)
-  assert first.returncode == 0, out
+  out = finished(common + ["--epochs=1"])
   assert json.loads(results.read_text())["gradients"] == 12
-  second = launch(common + ["--epochs=2"])
-  out, _ = second.communicate(timeout=300)
-  assert second.returncode == 0, out
+  out = finished(common + ["--epochs=2"])
   assert "resumed from" in out and "after epoch 1" in out
   assert "epoch 2/2" in out and "epoch 1/2" not in out
   saved = json.loads(results.read_text())
@@ -96,14 +100,10 @@ def test_keras3_runs_resumes_and_saves_a_keras3_model(tmp_path):
                              f"--checkpoint_dir={checkpoints}",
                              f"--results={results}",
                              f"--save_model={model_path}"]
-  first = launch(common + ["--epochs=1"])
-  out, _ = first.communicate(timeout=300)
-  assert first.returncode == 0, out
+  out = finished(common + ["--epochs=1"])
   assert "mlp with keras3" in out
   assert json.loads(results.read_text())["gradients"] == 12
-  second = launch(common + ["--epochs=2"])
-  out, _ = second.communicate(timeout=300)
-  assert second.returncode == 0, out
+  out = finished(common + ["--epochs=2"])
   assert "resumed from" in out and "after epoch 1" in out
   saved = json.loads(results.read_text())
   assert saved["gradients"] == 24 and saved["updates"] == 24
@@ -124,20 +124,16 @@ def test_a_compensation_rule_trains_resumes_with_its_state_and_is_kept(
     tmp_path):
   # --compensation=gap_aware: the line at the start names it, the results
   # record it, the run resumes from its checkpoint (the rule's own state
-  # coming back is tests/test_compensation.py's), and resuming under
+  # coming back is tests/test_compensation_cluster.py's), and resuming under
   # another rule is refused.
   checkpoints, results = tmp_path / "ckpt", tmp_path / "results.json"
   common = SMALL_JOB[:-3] + ["--steps_per_epoch=12", "--minibatch=8",
                              "--compensation=gap_aware",
                              f"--checkpoint_dir={checkpoints}",
                              f"--results={results}"]
-  first = launch(common + ["--epochs=1"])
-  out, _ = first.communicate(timeout=300)
-  assert first.returncode == 0, out
+  out = finished(common + ["--epochs=1"])
   assert "lr_policy=divide_by_n, compensation=gap_aware, 12 gradients" in out
-  second = launch(common + ["--epochs=2"])
-  out, _ = second.communicate(timeout=300)
-  assert second.returncode == 0, out
+  out = finished(common + ["--epochs=2"])
   assert "resumed from" in out
   saved = json.loads(results.read_text())
   assert saved["gradients"] == 24
