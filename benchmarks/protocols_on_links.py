@@ -94,7 +94,8 @@ def task_flags(contender, out, seed):
           f"--model={FLAGS.model}", "--dataset=fashion_mnist",
           f"--minibatch={FLAGS.minibatch}",
           f"--steps_per_epoch={FLAGS.steps_per_epoch}",
-          f"--lr={FLAGS.lr}", f"--lr_policy={lr_policy}",
+          f"--lr={FLAGS.lr}", f"--momentum={FLAGS.momentum}",
+          f"--lr_policy={lr_policy}",
           f"--compensation={compensation}",
           f"--target_accuracy={FLAGS.target_accuracy}",
           f"--max_epochs={FLAGS.max_epochs}", f"--seed={seed}",
@@ -249,7 +250,8 @@ def define_flags():
   flags.DEFINE_integer("minibatch", 32, "μ.")
   flags.DEFINE_integer("steps_per_epoch", 100, "Gradients per epoch (the "
                        "test accuracy is read after each).")
-  flags.DEFINE_float("lr", 0.1, "α0 (SGD, momentum 0.9).")
+  flags.DEFINE_float("lr", 0.1, "α0 (SGD).")
+  flags.DEFINE_float("momentum", 0.9, "SGD momentum, in [0, 1).")
   flags.DEFINE_string("lr_policy", "divide_by_n", "Rudra's lr_policy.")
   flags.DEFINE_float("target_accuracy", 0.8, "The test accuracy timed: a run "
                      "stops at the first epoch that reaches it.")
@@ -280,6 +282,8 @@ def validate():
     raise ValueError(f"--link_mbit must be > 0 (got {FLAGS.link_mbit}) and "
                      f"--straggler_slowdown >= 1 (got "
                      f"{FLAGS.straggler_slowdown}).")
+  if not 0 <= FLAGS.momentum < 1:
+    raise ValueError(f"--momentum must be in [0, 1), got {FLAGS.momentum}.")
   if not 0 < FLAGS.target_accuracy < 1:
     raise ValueError(f"--target_accuracy must be in (0, 1), got "
                      f"{FLAGS.target_accuracy}.")
@@ -319,7 +323,8 @@ def main(argv):
               f"{FLAGS.repeats})", flush=True)
         figures = run_one(contender, scenario, out, seed_of(repeat))
         rows.append({"scenario": scenario, "contender": contender,
-                     "repeat": repeat, "seed": seed_of(repeat), **figures})
+                     "repeat": repeat, "seed": seed_of(repeat),
+                     "momentum": FLAGS.momentum, **figures})
         print(f"   {results.format_figure(figures['examples_per_s'], '.0f')}"
               f" examples/s, {FLAGS.target_accuracy:g} after "
               f"{results.format_figure(figures['time_to_target_s'], '.0f')} "

@@ -325,6 +325,12 @@ def test_protocols_on_links_refuses_bad_values_naming_the_valid_ones():
   assert result.returncode == 2
   assert ("--report_accuracies takes accuracies in (0, --target_accuracy = "
           "0.8], got '0.9'") in result.stderr
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.protocols_on_links",
+       "--momentum=1"], cwd=REPO, capture_output=True, text=True,
+      timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+  assert result.returncode == 2
+  assert "--momentum must be in [0, 1), got 1.0" in result.stderr
 
 
 @pytest.mark.skipif(not emulated_hosts.available()[0],
@@ -337,7 +343,7 @@ def test_a_protocol_trains_to_a_target_on_rate_limited_links(tmp_path):
        "--contenders=rudra:hardsync", "--scenarios=straggler",
        "--learners=2", "--model=mlp", "--steps_per_epoch=10",
        "--max_epochs=2", "--target_accuracy=0.99", "--link_mbit=100",
-       f"--out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+       "--momentum=0", f"--out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
       timeout=600, env=dict(os.environ, PYTHONPATH=REPO,
                             TF_CPP_MIN_LOG_LEVEL="2"))
   assert result.returncode == 0, result.stderr[-3000:]
@@ -347,6 +353,7 @@ def test_a_protocol_trains_to_a_target_on_rate_limited_links(tmp_path):
   assert all(0.05 < r["test_accuracy"] < 0.99 for r in row["curve"])
   assert row["curve"][1]["train_s"] > row["curve"][0]["train_s"] > 0
   assert row["time_to_target_s"] is None and row["staleness_mean"] == 0.0
+  assert row["momentum"] == 0
   # The rates are of epoch 2: 10 gradients, 5 updates.
   seconds = row["curve"][1]["train_s"] - row["curve"][0]["train_s"]
   assert row["pushes_per_s"] == pytest.approx(10 / seconds)
