@@ -350,57 +350,91 @@ def _tail_text(tail):
   return "0" if tail == 0 else f"{tail:.2g}"
 
 
+def rule_label(row):
+  """How a point trains, for a plot's legend: "divide_by_n+delay, momentum
+  0.9" (the compensation left out when it is none)."""
+  rule = row["lr_policy"]
+  if row.get("compensation", "none") != "none":
+    rule += "+" + row["compensation"]
+  return f"{rule}, momentum {row.get('momentum', DEFAULT_MOMENTUM):g}"
+
+
+def seed_range(row):
+  """The (below, above) error bar of an averaged row: how far its seeds'
+  smallest and largest test errors lie from their mean."""
+  return (row["test_error"] - row["test_error_min"],
+          row["test_error_max"] - row["test_error"])
+
+
+def _error_bars(chosen):
+  return [[seed_range(r)[0] for r in chosen], [seed_range(r)[1] for r in chosen]]
+
+
 def plot_reports(rows, out_dir):
+  """sweep.png: test error against n, against μ, per point (each with its
+  seeds' range as the error bar), accuracy against wall time, and the
+  staleness histograms."""
   rows = average_over_seeds(rows)
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
-  figure, axes = pyplot.subplots(2, 2, figsize=(12, 9))
-  by_n, by_mu, by_time, histograms = axes.flat
-  groups = sorted({(r["lr_policy"], r["learners"], r["minibatch"])
-                   for r in rows})
-  for policy, num_learners, minibatch in groups:
-    chosen = sorted((r for r in rows if (r["lr_policy"], r["learners"],
-                                         r["minibatch"]) ==
-                     (policy, num_learners, minibatch)), key=lambda r: r["n"])
-    by_n.plot([r["n"] for r in chosen], [r["test_error"] for r in chosen],
-              "o-", label=f"{policy}, λ={num_learners}, μ={minibatch}")
+  figure, axes = pyplot.subplots(3, 2, figsize=(14, 14))
+  by_n, by_mu, per_point, by_time, histograms, unused = axes.flat
+  unused.axis("off")
+  for key in sorted({(rule_label(r), r["learners"], r["minibatch"])
+                     for r in rows}):
+    chosen = sorted((r for r in rows if (rule_label(r), r["learners"],
+                                         r["minibatch"]) == key),
+                    key=lambda r: r["n"])
+    by_n.errorbar([r["n"] for r in chosen], [r["test_error"] for r in chosen],
+                  yerr=_error_bars(chosen), fmt="o-", capsize=3,
+                  label=f"{key[0]}, λ={key[1]}, μ={key[2]}")
   by_n.set_xlabel("n (hardsync and 1-softsync: n = 1; async: n = λ)")
-  by_n.set_ylabel("test error")
+  by_n.set_ylabel("test error (seeds' range)")
   by_n.set_title("test error against n")
-  by_n.legend(fontsize=7)
-  for key in sorted({(r["protocol"], r["lr_policy"], r["learners"])
+  by_n.legend(fontsize=6)
+  for key in sorted({(r["protocol"], rule_label(r), r["learners"])
                      for r in rows}):
     chosen = sorted((r for r in rows
-                     if (r["protocol"], r["lr_policy"], r["learners"]) == key),
+                     if (r["protocol"], rule_label(r), r["learners"]) == key),
                     key=lambda r: r["minibatch"])
-    by_mu.plot([r["minibatch"] for r in chosen],
-               [r["test_error"] for r in chosen], "o-",
-               label=f"{key[0]}, {key[1]}, λ={key[2]}")
+    by_mu.errorbar([r["minibatch"] for r in chosen],
+                   [r["test_error"] for r in chosen],
+                   yerr=_error_bars(chosen), fmt="o-", capsize=3,
+                   label=f"{key[0]}, {key[1]}, λ={key[2]}")
     for r in chosen:
       by_mu.annotate(f"μλ={r['minibatch'] * r['learners']}",
                      (r["minibatch"], r["test_error"]), fontsize=6)
   by_mu.set_xlabel("μ")
-  by_mu.set_ylabel("test error")
+  by_mu.set_ylabel("test error (seeds' range)")
   by_mu.set_title("test error against μ and λ (points marked with μλ)")
-  by_mu.legend(fontsize=7)
+  by_mu.legend(fontsize=6)
+  labels = [f"{r['protocol']} λ={r['learners']} μ={r['minibatch']} "
+            f"{rule_label(r)}" + (f" ({r['diverged']} of {r['seeds']} "
+                                  "diverged)" if r["diverged"] else "")
+            for r in rows]
+  per_point.barh(range(len(rows)), [r["test_error"] for r in rows],
+                 xerr=_error_bars(rows), capsize=3)
+  per_point.set_yticks(range(len(rows)), labels, fontsize=6)
+  per_point.invert_yaxis()
+  per_point.set_xlabel("test error (seeds' range)")
+  per_point.set_title("test error per point")
   for r in rows:
     by_time.scatter(r["wall_time_s"], 1 - r["test_error"])
-    by_time.annotate(f"{r['protocol']}/{r['lr_policy']}/λ={r['learners']}",
+    by_time.annotate(f"{r['protocol']}/{rule_label(r)}/λ={r['learners']}",
                      (r["wall_time_s"], 1 - r["test_error"]), fontsize=6)
   by_time.set_xlabel("wall time (s)")
   by_time.set_ylabel("test accuracy")
   by_time.set_title("accuracy against wall time")
   for r in rows:
-    if r["lr_policy"] == rows[0]["lr_policy"]:
-      histograms.plot(range(len(r["staleness_histogram"])),
-                      r["staleness_histogram"], "o-",
-                      label=f"{r['protocol']}, λ={r['learners']}, "
-                      f"μ={r['minibatch']}")
+    histograms.plot(range(len(r["staleness_histogram"])),
+                    r["staleness_histogram"], "o-",
+                    label=f"{r['protocol']}, λ={r['learners']}, "
+                    f"μ={r['minibatch']}, {rule_label(r)}")
   histograms.set_xlabel("staleness σ")
-  histograms.set_ylabel("gradients")
-  histograms.set_title(f"staleness histograms ({rows[0]['lr_policy']})")
-  histograms.legend(fontsize=7)
+  histograms.set_ylabel("gradients (first seed)")
+  histograms.set_title("staleness histograms")
+  histograms.legend(fontsize=6)
   figure.tight_layout()
   figure.savefig(os.path.join(out_dir, "sweep.png"), dpi=100)
   pyplot.close(figure)

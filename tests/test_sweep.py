@@ -76,6 +76,19 @@ def test_table_averages_over_seeds():
   assert "| 0.5500 (0.2000–0.9000), 1 diverged |" in line
 
 
+def test_plot_labels_name_the_rule_and_bars_span_the_seeds():
+  row = {"protocol": "async", "n": 4, "lr_policy": "divide_by_n",
+         "minibatch": 32, "learners": 4, "staleness_max": 3, "updates": 10,
+         "wall_time_s": 1.0, "staleness_mean": 1.5}
+  assert sweep.rule_label(row) == "divide_by_n, momentum 0.9"
+  assert (sweep.rule_label(dict(row, compensation="delay", momentum=0.0)) ==
+          "divide_by_n+delay, momentum 0")
+  # Seeds at 0.2, 0.3 and 0.7: mean 0.4, the bar 0.2 below and 0.3 above.
+  averaged, = sweep.average_over_seeds(
+      [dict(row, seed=s, test_error=e) for s, e in enumerate((0.2, 0.3, 0.7))])
+  assert sweep.seed_range(averaged) == pytest.approx((0.2, 0.3))
+
+
 def run_sweep(out_dir, *overrides):
   return subprocess.run(
       [sys.executable, "-m", "launch.sweep", "--backend=simulator",
