@@ -367,7 +367,8 @@ def seed_range(row):
 
 
 def _error_bars(chosen):
-  return [[seed_range(r)[0] for r in chosen], [seed_range(r)[1] for r in chosen]]
+  """matplotlib's yerr/xerr: the rows' (below, above) ranges, transposed."""
+  return [list(side) for side in zip(*map(seed_range, chosen))]
 
 
 def plot_reports(rows, out_dir):

@@ -343,7 +343,8 @@ def test_a_protocol_trains_to_a_target_on_rate_limited_links(tmp_path):
        "--contenders=rudra:hardsync", "--scenarios=straggler",
        "--learners=2", "--model=mlp", "--steps_per_epoch=10",
        "--max_epochs=2", "--target_accuracy=0.99", "--link_mbit=100",
-       "--momentum=0", f"--out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+       "--momentum=0", f"--out_dir={tmp_path}"], cwd=REPO,
+      capture_output=True, text=True,
       timeout=600, env=dict(os.environ, PYTHONPATH=REPO,
                             TF_CPP_MIN_LOG_LEVEL="2"))
   assert result.returncode == 0, result.stderr[-3000:]
