@@ -80,6 +80,10 @@ def define_flags():
                     "per learner (a straggler: 400,100,100,100). Learners "
                     "sleep instead of using CPU, so a machine with fewer "
                     "cores than learners can study equal or unequal speeds.")
+  flags.DEFINE_string("push_trace_dir", None, "Write each ps shard's push "
+                      "trace here (a line per pull and push: who, when, "
+                      "which version, σ; rudra_tf/push_trace.py), for the "
+                      "simulator's --speed=replay|measured.")
   flags.DEFINE_float("progress_every_s", 5.0, "Seconds between the progress "
                      "lines inside an epoch (step k of K, updates/s, "
                      "examples/s, staleness, time left); 0: none.")
@@ -129,6 +133,7 @@ class TrainConfig:
   keras: str = "tf_keras"  # or "keras3" (models.KERAS_NAMES)
   compensation: str = "none"  # compensation.COMPENSATIONS
   compensation_strength: float = None  # None: the rule's default
+  push_trace_dir: str = None  # the shards' push traces, or None
 
   def learner_step_time_s(self, learner):
     """The emulated compute time of `learner`'s steps, in seconds."""
@@ -260,7 +265,8 @@ def resolve_config(values, num_learners, num_ps):
       checkpoint_every_steps=values.checkpoint_every_steps,
       checkpoint_every_secs=values.checkpoint_every_secs,
       progress_every_s=values.progress_every_s, keras=values.keras,
-      compensation=rule.name, compensation_strength=rule.strength)
+      compensation=rule.name, compensation_strength=rule.strength,
+      push_trace_dir=values.push_trace_dir or None)
 
 
 def _checked_compensation(name, strength):

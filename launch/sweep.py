@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,8 +52,15 @@ flags.DEFINE_integer("epochs", 1, "Epochs per point.")
 flags.DEFINE_integer("steps_per_epoch", None, "Gradients per epoch "
                      "(default: one pass, train size / μ).")
 flags.DEFINE_enum("speed", "equal", ["equal", "random", "normal",
-                                     "straggler"],
-                  "Learner-speed model (simulator; rudra_tf/simulate.py).")
+                                     "straggler", "replay", "measured"],
+                  "Learner-speed model (simulator; rudra_tf/simulate.py). "
+                  "replay and measured play a cluster's push trace "
+                  "(--speed_trace): its step times in order, or drawn from "
+                  "each learner's own.")
+flags.DEFINE_string("speed_trace", None, "Simulator, --speed=replay|measured:"
+                    " a push trace file (rudra_tf/push_trace.py), e.g. a "
+                    "cluster sweep point's OUT_DIR/points/<point>.trace/"
+                    "shard0.trace.")
 flags.DEFINE_list("emulated_step_ms", [], "Per-learner compute time in ms "
                   "(one value, or one per learner with learner 0 the "
                   "straggler): the cluster backend's learners sleep that "
@@ -179,8 +187,18 @@ def _strength(point, config):
 
 
 def speed_model(config, point):
-  """The simulator's speeds: --emulated_step_ms if given, else --speed."""
+  """The simulator's speeds: a traced --speed from the point's (or the
+  sweep's) push trace; else --emulated_step_ms if given; else --speed."""
+  from rudra_tf import push_trace  # pylint: disable=g-import-not-at-top
   from rudra_tf import simulate  # pylint: disable=g-import-not-at-top
+  if config["speed"] in simulate.TRACED_SPEED_MODELS:
+    trace = point.get("speed_trace") or config.get("speed_trace")
+    if not trace:
+      raise ValueError(f"--speed={config['speed']} plays a push trace: give "
+                       "--speed_trace=FILE (a cluster point's "
+                       "points/<point>.trace/shard0.trace).")
+    return simulate.SpeedModel.from_trace(push_trace.read(trace),
+                                          config["speed"], seed=point["seed"])
   times = launch_flags.resolve_step_times(config.get("emulated_step_ms"),
                                          point["learners"])
   if times:
@@ -191,7 +209,7 @@ def speed_model(config, point):
                              gap=config.get("gap", 0.0))
 
 
-def run_on_cluster(point, config, results_path):
+def run_on_cluster(point, config, results_path, push_trace_dir):
   command = [sys.executable, "-m", "launch.train",
              f"--model={config['model']}", f"--dataset={config['dataset']}",
              f"--protocol={point['protocol']}",
@@ -202,7 +220,8 @@ def run_on_cluster(point, config, results_path):
              f"--results={results_path}",
              f"--steps_per_execution={config.get('steps_per_execution', 1)}",
              f"--momentum={point.get('momentum', DEFAULT_MOMENTUM)}",
-             f"--compensation={point.get('compensation', 'none')}"]
+             f"--compensation={point.get('compensation', 'none')}",
+             f"--push_trace_dir={push_trace_dir}"]
   if _strength(point, config) is not None:
     command.append(f"--compensation_strength={_strength(point, config)}")
   if config["steps_per_epoch"]:
@@ -212,12 +231,25 @@ def run_on_cluster(point, config, results_path):
         str(t) for t in config["emulated_step_ms"]))
   if config["data_dir"]:
     command.append(f"--data_dir={config['data_dir']}")
+  # A rerun point's trace starts afresh (the file is appended to).
+  shutil.rmtree(push_trace_dir, ignore_errors=True)
   subprocess.run(command, check=True)
   with open(results_path) as stream:
     result = json.load(stream)
   return {key: result[key] for key in (
       "test_accuracy", "test_loss", "wall_time_s", "updates", "gradients",
       "staleness_mean", "staleness_max", "staleness_histogram", "epochs")}
+
+
+def trace_dir(out_dir, point):
+  """Where a cluster point's push traces go (rudra_tf/push_trace.py)."""
+  return os.path.join(out_dir, "points", point_key(point) + ".trace")
+
+
+def point_trace(out_dir, point):
+  """The push trace of a finished cluster point (its shard 0)."""
+  from rudra_tf import push_trace  # pylint: disable=g-import-not-at-top
+  return push_trace.trace_path(trace_dir(out_dir, point), 0)
 
 
 def run_points(points, config, out_dir, out=print):
@@ -235,7 +267,8 @@ def run_points(points, config, out_dir, out=print):
     if config["backend"] == "simulator":
       result = run_simulated(point, config)
     else:
-      result = run_on_cluster(point, config, path + ".train.json")
+      result = run_on_cluster(point, config, path + ".train.json",
+                              trace_dir(out_dir, point))
     row = {**point, **result, "backend": config["backend"],
            "test_error": 1.0 - result["test_accuracy"],
            "diverged": diverged(result["test_loss"])}
@@ -447,6 +480,7 @@ def config_from_flags():
           "dataset": FLAGS.dataset, "data_dir": FLAGS.data_dir,
           "lr": FLAGS.lr, "epochs": FLAGS.epochs,
           "steps_per_epoch": FLAGS.steps_per_epoch, "speed": FLAGS.speed,
+          "speed_trace": FLAGS.speed_trace,
           "emulated_step_ms": FLAGS.emulated_step_ms, "gap": FLAGS.gap,
           "jitter": FLAGS.jitter,
           "steps_per_execution": FLAGS.steps_per_execution,

@@ -175,7 +175,8 @@ def run_chief(config, spec):
     tf.debugging.set_log_device_placement(True)
   strategy = rudra_tf.RudraStrategy(
       tf.distribute.cluster_resolver.TFConfigClusterResolver(),
-      protocol=config.protocol, max_staleness=config.max_staleness)
+      protocol=config.protocol, max_staleness=config.max_staleness,
+      push_trace_dir=config.push_trace_dir)
   if os.environ.get(tf_environment.PRINT_DEVICES_VARIABLE):
     print(f"learner steps run on {strategy.extended.worker_devices} of each "
           "worker task", flush=True)

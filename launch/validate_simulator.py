@@ -8,7 +8,10 @@ Learners sleep --emulated_step_ms per step on the cluster (so that λ
 learners can run at equal speeds, or with one straggler, on a machine with
 fewer cores than learners) and the simulator uses the same speeds (without
 --emulated_step_ms: the cluster's own speeds against the simulator's
---speed model). The grid flags are launch/sweep.py's. For each
+--speed model). With --speed=replay (or measured) each simulator point
+plays the push trace of its cluster point (the cluster's own step times, in
+order, or drawn from each learner's own: rudra_tf/push_trace.py). The grid
+flags are launch/sweep.py's. For each
 protocol it prints the staleness histograms, their total-variation distance
 (half the L1 distance of the normalized histograms: 0 is identical, 1
 disjoint), the mean staleness and the final test accuracy of both, and writes
@@ -40,15 +43,22 @@ def total_variation(first, second):
                    for a, b in zip(first, second))
 
 
+def _pairing_key(row):
+  return tuple(row.get(name, 0) for name in (
+      "protocol", "lr_policy", "learners", "minibatch", "seed"))
+
+
 def compare(cluster_rows, simulator_rows):
-  """Pairs rows by protocol and lr_policy; returns the comparison rows."""
-  simulated = {(r["protocol"], r["lr_policy"]): r for r in simulator_rows}
+  """Pairs rows of the same point (protocol, lr_policy, λ, μ and seed);
+  returns the comparison rows."""
+  simulated = {_pairing_key(r): r for r in simulator_rows}
   pairs = []
   for real in cluster_rows:
-    sim = simulated[(real["protocol"], real["lr_policy"])]
+    sim = simulated[_pairing_key(real)]
     pairs.append({
         "protocol": real["protocol"], "lr_policy": real["lr_policy"],
         "learners": real["learners"], "minibatch": real["minibatch"],
+        "seed": real.get("seed", 0),
         "histogram_cluster": real["staleness_histogram"],
         "histogram_simulator": sim["staleness_histogram"],
         "total_variation": total_variation(real["staleness_histogram"],
@@ -63,14 +73,15 @@ def compare(cluster_rows, simulator_rows):
 
 
 def markdown(pairs):
-  lines = ["| protocol | lr_policy | λ | μ | σ mean cluster / sim | "
+  lines = ["| protocol | lr_policy | λ | μ | seed | σ mean cluster / sim | "
            "histogram cluster | histogram sim | TV distance | "
            "test accuracy cluster / sim | cluster wall time (s) | "
-           "sim. time (steps) |", "|---" * 11 + "|"]
+           "sim. time (steps) |", "|---" * 12 + "|"]
   for p in pairs:
     lines.append(
         f"| {p['protocol']} | {p['lr_policy']} | {p['learners']} | "
-        f"{p['minibatch']} | {p['staleness_mean_cluster']:.2f} / "
+        f"{p['minibatch']} | {p.get('seed', 0)} | "
+        f"{p['staleness_mean_cluster']:.2f} / "
         f"{p['staleness_mean_simulator']:.2f} | {p['histogram_cluster']} | "
         f"{p['histogram_simulator']} | {p['total_variation']:.3f} | "
         f"{p['test_accuracy_cluster']:.4f} / "
@@ -94,10 +105,16 @@ def main(argv):
     return 2
   config = sweep.config_from_flags()
   rows = {}
-  for backend in ("cluster", "simulator"):
-    rows[backend] = sweep.run_points(
-        points, {**config, "backend": backend},
-        os.path.join(FLAGS.out_dir, backend))
+  cluster_dir = os.path.join(FLAGS.out_dir, "cluster")
+  rows["cluster"] = sweep.run_points(points, {**config, "backend": "cluster"},
+                                     cluster_dir)
+  from rudra_tf import simulate  # pylint: disable=g-import-not-at-top
+  if config["speed"] in simulate.TRACED_SPEED_MODELS:
+    points = [{**point, "speed_trace": sweep.point_trace(cluster_dir, point)}
+              for point in points]
+  rows["simulator"] = sweep.run_points(
+      points, {**config, "backend": "simulator"},
+      os.path.join(FLAGS.out_dir, "simulator"))
   pairs = compare(rows["cluster"], rows["simulator"])
   table = markdown(pairs)
   reports.write_rows_and_table(FLAGS.out_dir, "validation", pairs, table)

@@ -38,6 +38,7 @@ from rudra_tf import barrier
 from rudra_tf import ledger as ledger_lib
 from rudra_tf import packing
 from rudra_tf import push_keys
+from rudra_tf import push_trace
 from rudra_tf import sparse
 from rudra_tf import tf_hooks
 from rudra_tf import transition
@@ -51,6 +52,11 @@ _TENSOR_OPS = transition.Ops(tf.logical_and, tf.logical_not, tf.maximum,
 # learner had taken without recording it is lost with it; spares only cost
 # a waiting pull one more look at the ledger.
 _SPARE_WAKEUPS_PER_LEARNER = 1
+
+
+def _learner_or_unknown(learner):
+  """The learner index for a trace line; -1 where no learner is known."""
+  return tf.constant(-1, _INT) if learner is None else learner
 
 
 def _after_all_ops(fn):
@@ -100,8 +106,10 @@ class ShardState(tf_hooks.AutoTrackable):
   """
 
   def __init__(self, strategy, index, model_variables, protocol, bins,
-               incarnations=None):
+               incarnations=None, trace_path=None):
     self.index = index
+    # push_trace.py: a line per pull and delivered push, or None.
+    self._trace_path = trace_path
     self._protocol = protocol
     self._layout = ledger_lib.LedgerLayout(bins, protocol.num_learners)
     anchor = model_variables[0]
@@ -366,8 +374,10 @@ class ShardState(tf_hooks.AutoTrackable):
       def read():
         # One packed copy of the weights: one transfer to the learner.
         weights = [v.live_read() for v in self._model_variables]
-        return [self.ledger.live_read()[ledger_lib.LedgerLayout.TIMESTAMP]] + (
-            packing.pack(weights) if weights else [])
+        timestamp = self.ledger.live_read()[ledger_lib.LedgerLayout.TIMESTAMP]
+        if self._trace_path:
+          self._trace("pull", _learner_or_unknown(pulled.learner), timestamp)
+        return [timestamp] + (packing.pack(weights) if weights else [])
       if self._protocol.barrier:
         # The version cannot change between the take and the read: its
         # update needs this learner's gradient.
@@ -377,9 +387,11 @@ class ShardState(tf_hooks.AutoTrackable):
                        else tf.identity(pulled.incarnation))
         taken = self._take_token(learner, incarnation, after)
         with tf.control_dependencies([taken]):
-          values = self._lock.execute(read, exclusive_resource_access=False)
+          values = self._lock.execute(lambda: _after_all_ops(read),
+                                      exclusive_resource_access=False)
       elif consistent:
-        values = self._lock.execute(read, exclusive_resource_access=False)
+        values = self._lock.execute(lambda: _after_all_ops(read),
+                                    exclusive_resource_access=False)
       else:
         values = read()
     # The timestamp stays on the ps (only the push there uses it); the
@@ -505,7 +517,17 @@ class ShardState(tf_hooks.AutoTrackable):
     if push_key is not None:
       push_keys.record(changes, layout, push_key.key, learner, key_seen,
                        push.delivered)
+    if self._trace_path:
+      tf.cond(push.delivered,
+              lambda: self._trace("push", _learner_or_unknown(learner),
+                                  pulled_timestamp, push.staleness,
+                                  push.accepted),
+              tf.no_op)
     return push
+
+  def _trace(self, kind, *values):
+    """One push_trace line (graph code, inside the lock)."""
+    return push_trace.trace_op(self._trace_path, kind, *values)
 
   def _push_locked(self, gradient_of, pulled_timestamp, apply_update,
                    lr_policy, max_staleness, push_key, learner, incarnation):

@@ -28,10 +28,14 @@ import numpy as np
 from rudra_tf import barrier
 from rudra_tf import compensation as compensation_lib
 from rudra_tf import protocol as protocol_lib
+from rudra_tf import push_trace as push_trace_lib
 from rudra_tf import report as report_lib
 from rudra_tf import transition
 
-SPEED_MODELS = ("equal", "random", "normal", "straggler")
+SPEED_MODELS = ("equal", "random", "normal", "straggler", "replay",
+                "measured")
+# The models that play a cluster's push trace (`SpeedModel.from_trace`).
+TRACED_SPEED_MODELS = ("replay", "measured")
 # "normal" step times are cut here from below: a step takes some time.
 MIN_NORMAL_STEP = 0.05
 
@@ -45,17 +49,29 @@ class SpeedModel:
   * "normal": each step takes a normal draw of mean 1 and standard
     deviation `jitter`, at least MIN_NORMAL_STEP.
   * "straggler": learner 0 takes `straggler_factor`, the others 1.
+  * "replay": a real cluster's steps (`from_trace`): learner i's k-th step
+    and the gap after it are those of the traced learner i (mod the traced
+    λ), k mod its traced steps; each learner starts at its traced first
+    pull. Played against the traced protocol, it gives the traced σ.
+  * "measured": the same traced steps, each (step, gap) pair drawn at
+    random from the learner's own: their distribution, not their order.
 
   `gap` is the time from a learner's push to its next pull (on a cluster:
   the closure returning to the coordinator and the next one being scheduled;
   `steps_per_execution` > 1 removes it for all but one step in k). During the
-  gap the learner holds no weights, so a gap lowers staleness.
+  gap the learner holds no weights, so a gap lowers staleness. The traced
+  models carry their own gaps and ignore it.
+
+  Traced times are in units of the trace's median step (pull to push).
   """
   kind: str = "equal"
   jitter: float = 0.5
   straggler_factor: float = 4.0
   seed: int = 0
   gap: float = 0.0
+  # Traced models: per learner, its ((step, gap), ...); and its first pull.
+  traced_steps: tuple = ()
+  traced_starts: tuple = ()
 
   def __post_init__(self):
     if self.kind not in SPEED_MODELS:
@@ -68,6 +84,55 @@ class SpeedModel:
     if self.straggler_factor < 1:
       raise ValueError("straggler_factor must be >= 1, got "
                        f"{self.straggler_factor}.")
+    traced = self.kind in TRACED_SPEED_MODELS
+    if traced != bool(self.traced_steps) or (
+        traced and not all(self.traced_steps)):
+      raise ValueError(
+          f"Speed model {self.kind!r}: "
+          + ("build it from a push trace with SpeedModel.from_trace; every "
+             "traced learner needs at least one step." if traced else
+             "traced steps belong to the 'replay' and 'measured' models."))
+
+  @classmethod
+  def from_trace(cls, events, kind="replay", seed=0):
+    """The model of a cluster's push trace (`rudra_tf.push_trace` events).
+
+    Every learner 0..λ-1 must appear in the trace with a push. A last push
+    with no pull after it has gap 0.
+    """
+    if kind not in TRACED_SPEED_MODELS:
+      raise ValueError(f"Unknown traced speed model {kind!r}; valid values "
+                       f"are {', '.join(TRACED_SPEED_MODELS)}.")
+    steps = push_trace_lib.learner_steps(events)
+    if not steps or sorted(steps) != list(range(len(steps))):
+      raise ValueError("A push trace must have pushes of learners 0.."
+                       f"λ-1; it has pushes of learners {sorted(steps)}.")
+    unit = float(np.median([s.step for learner in steps.values()
+                            for s in learner]))
+    if unit <= 0:
+      raise ValueError(f"The trace's median step is {unit} s; it must be "
+                       "> 0.")
+    firsts = push_trace_lib.first_pull_times(events)
+    origin = min(firsts[learner] for learner in steps)
+    return cls(kind, seed=seed, traced_steps=tuple(
+        tuple((s.step / unit, (s.gap or 0.0) / unit) for s in steps[learner])
+        for learner in sorted(steps)), traced_starts=tuple(
+            (firsts[learner] - origin) / unit for learner in sorted(steps)))
+
+  def start_time(self, learner):
+    """When the learner first pulls (traced models: as traced; else 0)."""
+    if not self.traced_starts:
+      return 0.0
+    return self.traced_starts[learner % len(self.traced_starts)]
+
+  def draw(self, learner, step, rng):
+    """(step time, gap after it) of the learner's `step`-th step."""
+    if self.kind not in TRACED_SPEED_MODELS:
+      return self.step_time(learner, rng), self.gap
+    traced = self.traced_steps[learner % len(self.traced_steps)]
+    if self.kind == "replay":
+      return traced[step % len(traced)]
+    return traced[int(rng.integers(len(traced)))]
 
   @classmethod
   def from_step_times(cls, step_times, seed=0, gap=0.0):
@@ -190,6 +255,12 @@ def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
   """
   rng = np.random.default_rng(speed.seed)
   num_learners = server.protocol.num_learners
+  if speed.kind == "replay" and num_learners != len(speed.traced_steps):
+    raise ValueError(
+        f"The replay speed model plays each of the trace's "
+        f"{len(speed.traced_steps)} learners once; this run has λ = "
+        f"{num_learners} (copies of a learner would step in lockstep). Use "
+        "the 'measured' model, which draws each learner's steps.")
   # Events (time, sequence, learner, is_pull): a push ends a learner's step;
   # with a gap, a pull event starts its next one. Equal times go in the
   # order they were scheduled.
@@ -202,6 +273,8 @@ def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
     sequence += 1
     heapq.heappush(events, (time, sequence, learner, is_pull))
 
+  steps_started, gap_after = [0] * num_learners, [0.0] * num_learners
+
   def start(learner, now):
     if not server.can_pull(learner):
       waiting.append(learner)
@@ -209,10 +282,16 @@ def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
     pulled[learner] = server.pull(learner)
     if on_pull:
       on_pull(learner)
-    schedule(now + speed.step_time(learner, rng), learner, False)
+    step, gap_after[learner] = speed.draw(learner, steps_started[learner],
+                                          rng)
+    steps_started[learner] += 1
+    schedule(now + step, learner, False)
 
   for learner in range(num_learners):
-    start(learner, 0.0)
+    if speed.start_time(learner):
+      schedule(speed.start_time(learner), learner, True)
+    else:
+      start(learner, 0.0)
   while len(pushes) < num_gradients:
     now, _, learner, is_pull = heapq.heappop(events)
     if is_pull:
@@ -228,8 +307,8 @@ def run_protocol(server, num_gradients, speed=SpeedModel(), on_pull=None,
         on_update(version)
       while waiting and server.can_pull():
         start(waiting.popleft(), now)
-    if speed.gap:
-      schedule(now + speed.gap, learner, True)
+    if gap_after[learner]:
+      schedule(now + gap_after[learner], learner, True)
     else:
       start(learner, now)
   return pushes

@@ -2,6 +2,7 @@
 
 import contextlib
 import importlib
+import os
 import threading
 
 from absl import logging
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 from rudra_tf import coordinator as coordinator_lib
 from rudra_tf import protocol as protocol_lib
+from rudra_tf import push_trace
 from rudra_tf import report as report_lib
 from rudra_tf import sparse
 from rudra_tf import tf_hooks
@@ -243,6 +245,14 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
   learner its own disjoint shard. A plain tf.data dataset or numpy input is
   read whole by every learner.
 
+  Push trace: `push_trace_dir` (a folder, made by the chief; in a
+  deployment it must also exist on every ps host) makes each shard append a
+  line per pull and per delivered push to `<dir>/shard<i>.trace`, in the
+  order its lock served them (`rudra_tf.push_trace`: when each learner
+  pulled and pushed, what it pulled and its σ). The simulator replays those
+  step times (`simulate.SpeedModel.from_trace`). One small file write per
+  pull and push on the ps: for studies, off by default.
+
   Limitations:
     * Shards are not synchronized with each other (as in Rudra): each shard
       has its own timestamp and histogram; `staleness_report()` gives each.
@@ -297,7 +307,7 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
 
   def __init__(self, cluster_resolver, protocol="async", *,
                max_staleness=None, variable_partitioner=None,
-               consistent_pulls=True):
+               consistent_pulls=True, push_trace_dir=None):
     num_ps = _count_tasks(cluster_resolver, "ps")
     num_learners = _count_tasks(cluster_resolver, "worker")
     if num_ps < 1 or num_learners < 1:
@@ -312,6 +322,12 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       raise ValueError(
           f"consistent_pulls must be True or False, got {consistent_pulls!r}.")
     self._consistent_pulls = consistent_pulls
+    if push_trace_dir is not None:
+      if not isinstance(push_trace_dir, str) or not push_trace_dir:
+        raise ValueError("push_trace_dir must be a folder path or None, got "
+                         f"{push_trace_dir!r}.")
+      os.makedirs(push_trace_dir, exist_ok=True)
+    self._push_trace_dir = push_trace_dir
     self._trainable_variables = []
     self._retired_variables = []
     self._model_generation = 0
@@ -415,6 +431,13 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
           "variables before its first step. Train the earlier model under "
           "a strategy of its own, or build every layer before fit.")
 
+  def _trace_path(self, shard_index):
+    """Shard `shard_index`'s push trace file, or None (no trace)."""
+    if self._push_trace_dir is None:
+      return None
+    return push_trace.trace_path(self._push_trace_dir, shard_index,
+                                 self._model_generation)
+
   # ------------------------------------------- what the optimizer uses
   def build_shards(self):
     """The parameter-server shards (`ShardState`s), built on the first call.
@@ -436,7 +459,8 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     bins = protocol_lib.histogram_bins(self._protocol.num_learners)
     with self.state_scope():
       shards = [ShardState(self, index, device_variables, self._protocol, bins,
-                           incarnations=list(self._incarnations))
+                           incarnations=list(self._incarnations),
+                           trace_path=self._trace_path(index))
                 for index, device_variables in
                 enumerate(by_device[d] for d in sorted(by_device))]
       self._shards = shards

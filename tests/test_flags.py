@@ -23,7 +23,7 @@ def flag_values(**overrides):
                 learner_restarts=3, kill_task=[], save_model=None,
                 checkpoint_every_steps=None, checkpoint_every_secs=None,
                 progress_every_s=5.0, keras="tf_keras", compensation="none",
-                compensation_strength=None)
+                compensation_strength=None, push_trace_dir=None)
   values.update(overrides)
   return types.SimpleNamespace(**values)
 

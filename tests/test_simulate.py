@@ -92,6 +92,87 @@ def test_speed_model_from_step_times():
     simulate.SpeedModel.from_step_times([0, 100])
 
 
+# A traced async run of λ = 2 (push_trace.py lines; times in s): both pull
+# version 0 at 0; learner 1 pushes at 0.5 (σ 0) and pulls again at 1.0,
+# learner 0 pushes at 1.0 (σ 1) and pulls at once; learner 1 pushes at 1.5
+# (σ 0), learner 0 at 2.0 (σ 1). Steps: learner 0 (1.0, gap 0), (1.0, -);
+# learner 1 (0.5, gap 0.5), (0.5, -); the median step is 0.75 s.
+TRACE_LAMBDA_2 = """pull 0 0 0.0
+pull 1 0 0.0
+push 1 0 0 1 0.5
+push 0 0 1 1 1.0
+pull 0 2 1.0
+pull 1 2 1.0
+push 1 2 0 1 1.5
+push 0 2 1 1 2.0
+"""
+
+
+def traced(kind, text=TRACE_LAMBDA_2, seed=0):
+  from rudra_tf import push_trace  # pylint: disable=g-import-not-at-top
+  return simulate.SpeedModel.from_trace(
+      push_trace.parse(text.splitlines()), kind, seed=seed)
+
+
+def test_replay_plays_the_traced_steps_in_median_step_units():
+  speed = traced("replay")
+  flat = [[value for pair in learner for value in pair]
+          for learner in speed.traced_steps]
+  assert flat[0] == pytest.approx([4 / 3, 0.0, 4 / 3, 0.0])
+  assert flat[1] == pytest.approx([2 / 3, 2 / 3, 2 / 3, 0.0])
+  assert speed.traced_starts == (0.0, 0.0)
+  # The same pushes as traced, in the same order, at time / 0.75; the
+  # replay then starts over with each learner's first step.
+  pushes = simulate.run_protocol(server("async", 2), 4, speed)
+  assert [(learner, s) for _, learner, s in pushes] == [
+      (1, 0), (0, 1), (1, 0), (0, 1)]
+  assert [t for t, _, _ in pushes] == pytest.approx(
+      [0.5 / 0.75, 1.0 / 0.75, 1.5 / 0.75, 2.0 / 0.75])
+
+
+def test_replay_starts_each_learner_at_its_traced_first_pull():
+  # Learner 1 first pulls 0.75 s (one median step) after learner 0.
+  speed = traced("replay", """pull 0 0 5.0
+push 0 0 0 1 5.75
+pull 1 1 5.75
+push 1 1 0 1 6.5
+""")
+  assert speed.traced_starts == (0.0, 1.0)
+  # Learner 1 pulls version 1 at t = 1, just after learner 0's push, and
+  # pushes at 2; learner 0 replays its one step again (pull v1 at 1, push
+  # at 2, first: it was scheduled first), so learner 1's σ is 1.
+  pushes = simulate.run_protocol(server("async", 2), 3, speed)
+  assert [(t, learner, s) for t, learner, s in pushes] == [
+      (1.0, 0, 0), (2.0, 0, 0), (2.0, 1, 1)]
+
+
+def test_measured_draws_each_learners_own_steps():
+  speed = traced("measured", seed=3)
+  rng = np.random.default_rng(0)
+  draws = {learner: {tuple(np.round(speed.draw(learner, k, rng), 6))
+                     for k in range(200)} for learner in (0, 1)}
+  assert draws == {0: {(1.333333, 0.0)},
+                   1: {(0.666667, 0.666667), (0.666667, 0.0)}}
+  # λ = 4 on a λ = 2 trace: learner 3 plays learner 1's steps.
+  assert speed.draw(3, 0, rng)[0] == pytest.approx(2 / 3)
+
+
+def test_traced_speed_models_need_a_trace_of_every_learner():
+  with pytest.raises(ValueError, match="learners 0..λ-1; it has pushes of "
+                     r"learners \[0, 2\]"):
+    traced("replay", "pull 0 0 0\npush 0 0 0 1 1\npull 2 0 0\n"
+           "push 2 0 1 1 1\n")
+  with pytest.raises(ValueError, match="plays each of the trace's 2 "
+                     "learners once; this run has λ = 3"):
+    simulate.run_protocol(server("async", 3), 1, traced("replay"))
+  with pytest.raises(ValueError, match="Unknown traced speed model 'equal'"):
+    traced("equal")
+  with pytest.raises(ValueError, match="build it from a push trace"):
+    simulate.SpeedModel("replay")
+  with pytest.raises(ValueError, match="traced steps belong to"):
+    simulate.SpeedModel("equal", traced_steps=(((1.0, 0.0),),))
+
+
 def test_backup_hardsync_trajectory_by_hand():
   # λ = 4, one backup (c = 3), equal speeds, ties to the lower index: at
   # t = 1 learners 0, 1, 2 complete round 1 and pull version 1; learner 3's
@@ -180,7 +261,8 @@ def test_a_straggler_slows_hardsync_more_than_softsync():
 
 
 def test_speed_model_and_policy_validation():
-  with pytest.raises(ValueError, match="'warp'.*equal, random, normal, straggler"):
+  with pytest.raises(ValueError, match="'warp'.*equal, random, normal, "
+                     "straggler, replay, measured"):
     simulate.SpeedModel("warp")
   with pytest.raises(ValueError, match="jitter"):
     simulate.SpeedModel("random", jitter=1.5)

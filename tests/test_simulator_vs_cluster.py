@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,19 @@ def test_total_variation_by_hand():
   assert validate_simulator.total_variation([1], [0, 5]) == 1.0
   with pytest.raises(ValueError, match="empty"):
     validate_simulator.total_variation([0], [1])
+
+
+def test_rows_pair_by_point_and_seed():
+  def row(seed, histogram):
+    return {"protocol": "async", "lr_policy": "divide_by_n", "learners": 2,
+            "minibatch": 8, "seed": seed, "staleness_histogram": histogram,
+            "staleness_mean": 0.5, "test_accuracy": 0.5, "wall_time_s": 1.0,
+            "simulated_time": 2.0}
+  # Seed 1's cluster run must meet seed 1's simulation (TV 0), not seed 0's.
+  pairs = validate_simulator.compare(
+      [row(0, [1, 1]), row(1, [2, 0])], [row(1, [4, 0]), row(0, [3, 3])])
+  assert [(p["seed"], p["total_variation"]) for p in pairs] == [(0, 0.0),
+                                                                (1, 0.0)]
 
 
 def test_equal_speed_cluster_matches_the_simulator(tmp_path):
@@ -54,4 +68,26 @@ def test_equal_speed_cluster_matches_the_simulator(tmp_path):
                pair["staleness_mean_simulator"]) <= 0.3, pair
     low, high = typical[pair["protocol"]]
     assert sum(cluster[low:high + 1]) >= 0.85 * 160, pair
-  assert "| 2-softsync | divide_by_n | 4 | 8 |" in result.stdout
+  assert "| 2-softsync | divide_by_n | 4 | 8 | 0 |" in result.stdout
+
+  # The same cluster points (kept, not rerun), the simulator now replaying
+  # each one's push trace: the cluster's own step times give its own σ.
+  # Only the last pushes may differ (the replay goes on where a learner
+  # stopped), at most λ - 1 = 3 of 160: TV <= 3/160.
+  replay_dir = tmp_path / "replay"
+  shutil.copytree(tmp_path / "cluster", replay_dir / "cluster")
+  result = subprocess.run(
+      [sys.executable, "-m", "launch.validate_simulator", "--learners=4",
+       "--minibatches=8", "--model=mlp", "--dataset=synthetic",
+       "--protocols=2-softsync,async", "--lr_policies=divide_by_n",
+       "--steps_per_epoch=160", "--lr=0.05", "--emulated_step_ms=200",
+       "--steps_per_execution=20", "--speed=replay",
+       f"--out_dir={replay_dir}"],
+      cwd=REPO, capture_output=True, text=True, timeout=900,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.count(": done before") == 2  # the cluster's points
+  replayed = json.loads((replay_dir / "validation.json").read_text())
+  for before, pair in zip(pairs, replayed):
+    assert pair["histogram_cluster"] == before["histogram_cluster"]
+    assert pair["total_variation"] <= 3 / 160, pair
