@@ -27,17 +27,23 @@ from absl import flags
 
 from launch import reports
 
-flags.DEFINE_list("learners", ["4", "30"], "λ values.")
-flags.DEFINE_list("protocols", ["hardsync", "1-softsync", "2-softsync",
-                                "async"], "Protocols.")
-flags.DEFINE_list("speeds", ["equal", "random:0.5", "normal:0.5"],
-                  "Speed models, KIND or KIND:JITTER.")
-flags.DEFINE_string("speed_trace", None, "The push trace that the measured "
-                    "and replay speeds play (rudra_tf/push_trace.py).")
-flags.DEFINE_integer("pushes", 100_000, "Gradients per run.")
-flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of the speed draws.")
-flags.DEFINE_string("out_dir", "runs/staleness_tails", "Where rows go.")
 FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The flags of this script (defined when it runs, not on import: the
+  test suite imports launch.sweep, whose --learners and --seeds these
+  would clash with)."""
+  flags.DEFINE_list("learners", ["4", "30"], "λ values.")
+  flags.DEFINE_list("protocols", ["hardsync", "1-softsync", "2-softsync",
+                                  "async"], "Protocols.")
+  flags.DEFINE_list("speeds", ["equal", "random:0.5", "normal:0.5"],
+                    "Speed models, KIND or KIND:JITTER.")
+  flags.DEFINE_string("speed_trace", None, "The push trace that the measured "
+                      "and replay speeds play (rudra_tf/push_trace.py).")
+  flags.DEFINE_integer("pushes", 100_000, "Gradients per run.")
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of the speed draws.")
+  flags.DEFINE_string("out_dir", "runs/staleness_tails", "Where rows go.")
 
 
 def parse_speed(text):
@@ -152,4 +158,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

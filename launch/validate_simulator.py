@@ -14,8 +14,10 @@ order, or drawn from each learner's own: rudra_tf/push_trace.py). The grid
 flags are launch/sweep.py's. For each
 protocol it prints the staleness histograms, their total-variation distance
 (half the L1 distance of the normalized histograms: 0 is identical, 1
-disjoint), the mean staleness and the final test accuracy of both, and writes
-OUT_DIR/validation.md and validation.json. Points already finished in
+disjoint), the mean staleness and the final test accuracy of both (per point, and per protocol over its
+seeds: mean and range, and the TV of the histograms pooled over seeds),
+and writes OUT_DIR/validation.md, validation.json and validation.png (the
+pooled histograms side by side). Points already finished in
 OUT_DIR/cluster or OUT_DIR/simulator are not rerun.
 """
 
@@ -91,6 +93,98 @@ def markdown(pairs):
   return "\n".join(lines) + "\n"
 
 
+def _mean_and_range(values):
+  return (sum(values) / len(values), min(values), max(values))
+
+
+def pooled_histograms(pairs):
+  """{(protocol, lr_policy): (cluster, simulator)}: each side's histograms
+  summed over seeds (bin by bin, the shorter padded with zeros)."""
+  def add(total, histogram):
+    size = max(len(total), len(histogram))
+    return [a + b for a, b in zip(total + [0] * (size - len(total)),
+                                  histogram + [0] * (size - len(histogram)))]
+  pooled = {}
+  for pair in pairs:
+    key = (pair["protocol"], pair["lr_policy"])
+    cluster, simulator = pooled.get(key, ([], []))
+    pooled[key] = (add(cluster, list(pair["histogram_cluster"])),
+                   add(simulator, list(pair["histogram_simulator"])))
+  return pooled
+
+
+def summary(pairs):
+  """One row per (protocol, lr_policy) over its seeds: the TV distance
+  (mean and range, and of the pooled histograms), the mean σ of each
+  side, and each side's test accuracy (mean and range)."""
+  pooled = pooled_histograms(pairs)
+  rows = []
+  for key, (cluster, simulator) in pooled.items():
+    chosen = [p for p in pairs if (p["protocol"], p["lr_policy"]) == key]
+    rows.append({
+        "protocol": key[0], "lr_policy": key[1], "seeds": len(chosen),
+        "total_variation": _mean_and_range(
+            [p["total_variation"] for p in chosen]),
+        "total_variation_pooled": total_variation(cluster, simulator),
+        "staleness_mean_cluster": _mean_and_range(
+            [p["staleness_mean_cluster"] for p in chosen]),
+        "staleness_mean_simulator": _mean_and_range(
+            [p["staleness_mean_simulator"] for p in chosen]),
+        "test_accuracy_cluster": _mean_and_range(
+            [p["test_accuracy_cluster"] for p in chosen]),
+        "test_accuracy_simulator": _mean_and_range(
+            [p["test_accuracy_simulator"] for p in chosen])})
+  return rows
+
+
+def summary_markdown(rows):
+  def cell(values, digits):
+    mean, low, high = values
+    return f"{mean:.{digits}f} ({low:.{digits}f}–{high:.{digits}f})"
+  lines = ["| protocol | lr_policy | seeds | TV distance, mean (range) | "
+           "TV of the pooled histograms | σ mean cluster | σ mean sim | "
+           "test accuracy cluster | test accuracy sim |", "|---" * 9 + "|"]
+  for r in rows:
+    lines.append(
+        f"| {r['protocol']} | {r['lr_policy']} | {r['seeds']} | "
+        f"{cell(r['total_variation'], 3)} | "
+        f"{r['total_variation_pooled']:.3f} | "
+        f"{cell(r['staleness_mean_cluster'], 2)} | "
+        f"{cell(r['staleness_mean_simulator'], 2)} | "
+        f"{cell(r['test_accuracy_cluster'], 4)} | "
+        f"{cell(r['test_accuracy_simulator'], 4)} |")
+  return "\n".join(lines) + "\n"
+
+
+def plot_histograms(pairs, path):
+  """The pooled staleness histograms, cluster and simulator side by side,
+  one panel per protocol (fractions of the pushes)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  pooled = pooled_histograms(pairs)
+  figure, axes = pyplot.subplots(1, len(pooled), squeeze=False,
+                                 figsize=(4 * len(pooled), 3.5))
+  for panel, ((protocol, lr_policy), (cluster, simulator)) in zip(
+      axes[0], pooled.items()):
+    size = max(len(cluster), len(simulator))
+    for offset, (label, histogram) in zip(
+        (-0.2, 0.2), (("cluster", cluster), ("simulator", simulator))):
+      total = sum(histogram)
+      panel.bar([b + offset for b in range(len(histogram))],
+                [count / total for count in histogram], width=0.4,
+                label=label)
+    panel.set_xticks(range(size))
+    panel.set_xlabel("staleness σ")
+    panel.set_title(f"{protocol}, {lr_policy}: TV "
+                    f"{total_variation(cluster, simulator):.3f}", fontsize=9)
+  axes[0][0].set_ylabel("fraction of pushes (all seeds)")
+  axes[0][0].legend(fontsize=8)
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+  pyplot.close(figure)
+
+
 def main(argv):
   del argv
   try:
@@ -116,8 +210,9 @@ def main(argv):
       points, {**config, "backend": "simulator"},
       os.path.join(FLAGS.out_dir, "simulator"))
   pairs = compare(rows["cluster"], rows["simulator"])
-  table = markdown(pairs)
+  table = summary_markdown(summary(pairs)) + "\n" + markdown(pairs)
   reports.write_rows_and_table(FLAGS.out_dir, "validation", pairs, table)
+  plot_histograms(pairs, os.path.join(FLAGS.out_dir, "validation.png"))
   print(table)
   return 0
 

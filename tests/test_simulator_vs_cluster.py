@@ -35,6 +35,34 @@ def test_rows_pair_by_point_and_seed():
                                                                 (1, 0.0)]
 
 
+def _pair(seed, cluster, simulator, accuracy_cluster):
+  return {"protocol": "async", "lr_policy": "divide_by_n", "seed": seed,
+          "histogram_cluster": cluster, "histogram_simulator": simulator,
+          "total_variation": validate_simulator.total_variation(cluster,
+                                                                simulator),
+          "staleness_mean_cluster": 0.75, "staleness_mean_simulator": 1.0,
+          "test_accuracy_cluster": accuracy_cluster,
+          "test_accuracy_simulator": 0.8}
+
+
+def test_the_summary_pools_seeds_by_hand(tmp_path):
+  # Seed 0: [1/4, 3/4] against [0, 1]: TV 0.25. Seed 1: [1, 0] against
+  # itself: TV 0. Pooled: [5, 3] against [4, 4], [5/8, 3/8] against
+  # [1/2, 1/2]: TV 0.125. The seeds' TVs: mean 0.125, range 0-0.25.
+  pairs = [_pair(0, [1, 3], [0, 4], 0.7), _pair(1, [4, 0], [4], 0.9)]
+  assert validate_simulator.pooled_histograms(pairs) == {
+      ("async", "divide_by_n"): ([5, 3], [4, 4])}
+  (row,) = validate_simulator.summary(pairs)
+  assert row["seeds"] == 2
+  assert row["total_variation"] == (0.125, 0.0, 0.25)
+  assert row["total_variation_pooled"] == 0.125
+  assert row["test_accuracy_cluster"] == (0.8, 0.7, 0.9)
+  table = validate_simulator.summary_markdown([row])
+  assert "| async | divide_by_n | 2 | 0.125 (0.000–0.250) | 0.125 |" in table
+  validate_simulator.plot_histograms(pairs, tmp_path / "validation.png")
+  assert (tmp_path / "validation.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_equal_speed_cluster_matches_the_simulator(tmp_path):
   # λ = 4 learners that sleep 200 ms a step (equal speeds on any machine),
   # 20 steps per scheduled closure (the coordinator's scheduling gap between
