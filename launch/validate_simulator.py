@@ -33,11 +33,16 @@ from launch import sweep
 FLAGS = flags.FLAGS  # launch/sweep.py's flags (--backend is not used)
 
 
+def _padded(first, second):
+  """Two histograms as lists of one length (zeros added at the end)."""
+  size = max(len(first), len(second))
+  return ([*first] + [0] * (size - len(first)),
+          [*second] + [0] * (size - len(second)))
+
+
 def total_variation(first, second):
   """Half the L1 distance between two normalized histograms."""
-  size = max(len(first), len(second))
-  first = list(first) + [0] * (size - len(first))
-  second = list(second) + [0] * (size - len(second))
+  first, second = _padded(first, second)
   total_first, total_second = sum(first), sum(second)
   if not total_first or not total_second:
     raise ValueError("cannot compare an empty histogram")
@@ -97,19 +102,26 @@ def _mean_and_range(values):
   return (sum(values) / len(values), min(values), max(values))
 
 
+def _by_protocol(pairs):
+  """{(protocol, lr_policy): its pairs (one per seed)}, in first-seen order."""
+  groups = {}
+  for pair in pairs:
+    groups.setdefault((pair["protocol"], pair["lr_policy"]), []).append(pair)
+  return groups
+
+
 def pooled_histograms(pairs):
   """{(protocol, lr_policy): (cluster, simulator)}: each side's histograms
   summed over seeds (bin by bin, the shorter padded with zeros)."""
   def add(total, histogram):
-    size = max(len(total), len(histogram))
-    return [a + b for a, b in zip(total + [0] * (size - len(total)),
-                                  histogram + [0] * (size - len(histogram)))]
+    return [a + b for a, b in zip(*_padded(total, histogram))]
   pooled = {}
-  for pair in pairs:
-    key = (pair["protocol"], pair["lr_policy"])
-    cluster, simulator = pooled.get(key, ([], []))
-    pooled[key] = (add(cluster, list(pair["histogram_cluster"])),
-                   add(simulator, list(pair["histogram_simulator"])))
+  for key, chosen in _by_protocol(pairs).items():
+    cluster, simulator = [], []
+    for pair in chosen:
+      cluster = add(cluster, pair["histogram_cluster"])
+      simulator = add(simulator, pair["histogram_simulator"])
+    pooled[key] = (cluster, simulator)
   return pooled
 
 
@@ -119,8 +131,8 @@ def summary(pairs):
   side, and each side's test accuracy (mean and range)."""
   pooled = pooled_histograms(pairs)
   rows = []
-  for key, (cluster, simulator) in pooled.items():
-    chosen = [p for p in pairs if (p["protocol"], p["lr_policy"]) == key]
+  for key, chosen in _by_protocol(pairs).items():
+    cluster, simulator = pooled[key]
     rows.append({
         "protocol": key[0], "lr_policy": key[1], "seeds": len(chosen),
         "total_variation": _mean_and_range(

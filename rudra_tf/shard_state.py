@@ -376,7 +376,11 @@ class ShardState(tf_hooks.AutoTrackable):
         weights = [v.live_read() for v in self._model_variables]
         timestamp = self.ledger.live_read()[ledger_lib.LedgerLayout.TIMESTAMP]
         if self._trace_path:
-          self._trace("pull", _learner_or_unknown(pulled.learner), timestamp)
+          # The lock is released once the results are ready: the timestamp
+          # waits for the trace line, so the line is written inside it.
+          with tf.control_dependencies([self._trace(
+              "pull", _learner_or_unknown(pulled.learner), timestamp)]):
+            timestamp = tf.identity(timestamp)
         return [timestamp] + (packing.pack(weights) if weights else [])
       if self._protocol.barrier:
         # The version cannot change between the take and the read: its
@@ -387,11 +391,9 @@ class ShardState(tf_hooks.AutoTrackable):
                        else tf.identity(pulled.incarnation))
         taken = self._take_token(learner, incarnation, after)
         with tf.control_dependencies([taken]):
-          values = self._lock.execute(lambda: _after_all_ops(read),
-                                      exclusive_resource_access=False)
+          values = self._lock.execute(read, exclusive_resource_access=False)
       elif consistent:
-        values = self._lock.execute(lambda: _after_all_ops(read),
-                                    exclusive_resource_access=False)
+        values = self._lock.execute(read, exclusive_resource_access=False)
       else:
         values = read()
     # The timestamp stays on the ps (only the push there uses it); the
