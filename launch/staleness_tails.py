@@ -16,8 +16,9 @@ each learner's traced steps drawn at random, or in order; λ larger than the
 trace's plays learner i as traced learner i mod the trace's λ)).
 
 Writes OUT_DIR/staleness_tails.json (one row per λ, protocol, speed and
-seed, with the histogram up to 4λ) and staleness_tails.md (mean over seeds,
-and the range of P(σ > 2n)); prints the table.
+seed, with the histogram up to 4λ and the simulated time of the last push,
+in learner steps) and staleness_tails.md (mean over seeds, and the range of
+P(σ > 2n)); prints the table.
 """
 
 import sys
@@ -86,15 +87,17 @@ def run(num_learners, protocol_name, speed_text, seed, pushes, trace_events):
   from rudra_tf import simulate  # pylint: disable=g-import-not-at-top
   protocol = protocol_lib.parse_protocol(protocol_name, num_learners)
   server = simulate.ProtocolServer(protocol)
-  staleness = [s for _, _, s in simulate.run_protocol(
-      server, pushes, speed_model(speed_text, seed, trace_events))]
+  pushed = simulate.run_protocol(
+      server, pushes, speed_model(speed_text, seed, trace_events))
+  staleness = [s for _, _, s in pushed]
   bins = 4 * num_learners + 1
   histogram = [0] * bins
   for value in staleness:
     histogram[min(value, bins - 1)] += 1
   return {"learners": num_learners, "protocol": protocol.name,
           "n": protocol.n, "speed": speed_text, "seed": seed,
-          "pushes": pushes, **tail_statistics(staleness, protocol.n),
+          "pushes": pushes, "simulated_time": pushed[-1][0],
+          **tail_statistics(staleness, protocol.n),
           "histogram": histogram}
 
 
@@ -105,7 +108,8 @@ def markdown(rows):
     groups.setdefault((row["learners"], row["protocol"], row["speed"]),
                       []).append(row)
   lines = ["| λ | protocol | n | speed | seeds | σ mean | σ max | "
-           "P(σ > 2n) (range over seeds) |", "|---" * 8 + "|"]
+           "P(σ > 2n) (range over seeds) | time (learner steps) |",
+           "|---" * 9 + "|"]
   for (learners, protocol, speed), runs in groups.items():
     tails = [r["tail_2n"] for r in runs]
     mean_tail = sum(tails) / len(tails)
@@ -113,9 +117,12 @@ def markdown(rows):
     if len(runs) > 1 and max(tails) > min(tails):
       tail += f" ({min(tails):.2g}–{max(tails):.2g})"
     mean = sum(r["staleness_mean"] for r in runs) / len(runs)
+    times = [r["simulated_time"] for r in runs if "simulated_time" in r]
+    time = f"{sum(times) / len(times):.0f}" if times else "–"  # older rows
     lines.append(f"| {learners} | {protocol} | {runs[0]['n']} | {speed} | "
                  f"{len(runs)} | {mean:.2f} | "
-                 f"{max(r['staleness_max'] for r in runs)} | {tail} |")
+                 f"{max(r['staleness_max'] for r in runs)} | {tail} | "
+                 f"{time} |")
   return "\n".join(lines) + "\n"
 
 

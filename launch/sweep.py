@@ -11,7 +11,9 @@ Each point runs in the simulator (`rudra_tf.simulate`, one process) or on a
 real local cluster (`--backend=cluster`: launch/train.py, separate
 processes). Finished points are kept in OUT_DIR/points/ and not rerun, so a
 sweep can be stopped and resumed. Every run rewrites OUT_DIR/results.csv,
-results.json, table.md and the PNG plots from all finished points.
+results.json, table.md and the PNG plots from all finished points; with
+--epochs > 1 each simulated point is also tested after every epoch, and
+curves.md gives its test error per epoch.
 """
 
 import csv
@@ -166,7 +168,7 @@ def run_simulated(point, config):
       compensation=point.get("compensation", "none"),
       compensation_strength=_strength(point, config),
       speed=speed_model(config, point),
-      seed=point["seed"])
+      seed=point["seed"], evaluate_each_epoch=config["epochs"] > 1)
   report = result["report"]
   last = int(max([i for i, v in enumerate(report.histogram) if v] or [0]))
   return {"test_accuracy": result["test_accuracy"],
@@ -175,7 +177,9 @@ def run_simulated(point, config):
           "simulated_time": result["simulated_time"],
           "updates": report.timestamp, "gradients": report.gradients,
           "staleness_mean": report.mean, "staleness_max": report.max,
-          "staleness_histogram": report.histogram[:last + 1].tolist()}
+          "staleness_histogram": report.histogram[:last + 1].tolist(),
+          "epoch_test_errors": [1.0 - accuracy for accuracy in
+                                result["epoch_test_accuracy"]]}
 
 
 def _strength(point, config):
@@ -270,6 +274,7 @@ def run_points(points, config, out_dir, out=print):
       result = run_on_cluster(point, config, path + ".train.json",
                               trace_dir(out_dir, point))
     row = {**point, **result, "backend": config["backend"],
+           "lr": config["lr"], "epochs": config["epochs"],
            "test_error": 1.0 - result["test_accuracy"],
            "diverged": diverged(result["test_loss"])}
     with open(path + ".tmp", "w") as stream:
@@ -303,6 +308,10 @@ def write_reports(rows, out_dir):
   table = markdown_table(rows)
   with open(os.path.join(out_dir, "table.md"), "w") as stream:
     stream.write(table)
+  curves = curves_table(rows)
+  if curves:
+    with open(os.path.join(out_dir, "curves.md"), "w") as stream:
+      stream.write(curves)
   plot_reports(rows, out_dir)
   return table
 
@@ -333,8 +342,43 @@ def average_over_seeds(rows):
         "staleness_mean": mean("staleness_mean"),
         "staleness_max": max(r["staleness_max"] for r in runs),
         "staleness_tail": _mean_or_none([staleness_tail(r) for r in runs]),
-        "updates": mean("updates"), "wall_time_s": mean("wall_time_s")})
+        "updates": mean("updates"), "wall_time_s": mean("wall_time_s"),
+        **_curve_over_seeds(runs)})
   return averaged
+
+
+def _curve_over_seeds(runs):
+  """Per epoch, the seeds' mean test error and range (curve, curve_min,
+  curve_max), over the epochs every seed has; empty for one-epoch runs."""
+  curves = [r.get("epoch_test_errors") or [] for r in runs]
+  epochs = min(len(curve) for curve in curves)
+  if epochs < 2:
+    return {"curve": [], "curve_min": [], "curve_max": []}
+  per_epoch = [[curve[e] for curve in curves] for e in range(epochs)]
+  return {"curve": [sum(v) / len(v) for v in per_epoch],
+          "curve_min": [min(v) for v in per_epoch],
+          "curve_max": [max(v) for v in per_epoch]}
+
+
+def curves_table(rows):
+  """Test error after each epoch, mean (range) over seeds, of the points run
+  for more than one epoch; None when there are none."""
+  curved = [r for r in average_over_seeds(rows) if r["curve"]]
+  if not curved:
+    return None
+  epochs = max(len(r["curve"]) for r in curved)
+  lines = ["| protocol | lr_policy | μ | λ | seeds | " + " | ".join(
+      f"epoch {e + 1}" for e in range(epochs)) + " |",
+           "|---" * (5 + epochs) + "|"]
+  for row in curved:
+    cells = [f"{mean:.4f} ({low:.4f}–{high:.4f})" if row["seeds"] > 1
+             else f"{mean:.4f}" for mean, low, high in
+             zip(row["curve"], row["curve_min"], row["curve_max"])]
+    cells += [""] * (epochs - len(cells))
+    lines.append(f"| {row['protocol']} | {rule_label(row)} | "
+                 f"{row['minibatch']} | {row['learners']} | {row['seeds']} | "
+                 + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def staleness_tail(row):
@@ -355,11 +399,7 @@ def markdown_table(rows):
            "updates | wall time (s) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for row in average_over_seeds(rows):
-    error = f"{row['test_error']:.4f}"
-    if row["seeds"] > 1:
-      error += f" ({row['test_error_min']:.4f}–{row['test_error_max']:.4f})"
-    if row["diverged"]:
-      error += f", {row['diverged']} diverged"
+    error = error_text(row)
     lines.append(
         f"| {row['protocol']} | {row['n']} | {row['lr_policy']} | "
         f"{row.get('compensation', 'none')} | "
@@ -370,6 +410,17 @@ def markdown_table(rows):
         f"{_tail_text(row['staleness_tail'])} | "
         f"{row['updates']:.0f} | {row['wall_time_s']:.1f} |")
   return "\n".join(lines) + "\n"
+
+
+def error_text(row):
+  """An averaged row's test error as a table cell: the mean, the seeds'
+  range in brackets, and how many seeds diverged."""
+  text = f"{row['test_error']:.4f}"
+  if row["seeds"] > 1:
+    text += f" ({row['test_error_min']:.4f}–{row['test_error_max']:.4f})"
+  if row["diverged"]:
+    text += f", {row['diverged']} diverged"
+  return text
 
 
 def _mean_or_none(values):
@@ -399,29 +450,29 @@ def seed_range(row):
           row["test_error_max"] - row["test_error"])
 
 
-def _error_bars(chosen):
+def error_bars(chosen):
   """matplotlib's yerr/xerr: the rows' (below, above) ranges, transposed."""
   return [list(side) for side in zip(*map(seed_range, chosen))]
 
 
 def plot_reports(rows, out_dir):
   """sweep.png: test error against n, against μ, per point (each with its
-  seeds' range as the error bar), accuracy against wall time, and the
-  staleness histograms."""
+  seeds' range as the error bar), accuracy against wall time, the
+  staleness histograms, and test error per epoch (seeds' range shaded) of
+  points run for more than one epoch."""
   rows = average_over_seeds(rows)
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
   figure, axes = pyplot.subplots(3, 2, figsize=(14, 14))
-  by_n, by_mu, per_point, by_time, histograms, unused = axes.flat
-  unused.axis("off")
+  by_n, by_mu, per_point, by_time, histograms, by_epoch = axes.flat
   for key in sorted({(rule_label(r), r["learners"], r["minibatch"])
                      for r in rows}):
     chosen = sorted((r for r in rows if (rule_label(r), r["learners"],
                                          r["minibatch"]) == key),
                     key=lambda r: r["n"])
     by_n.errorbar([r["n"] for r in chosen], [r["test_error"] for r in chosen],
-                  yerr=_error_bars(chosen), fmt="o-", capsize=3,
+                  yerr=error_bars(chosen), fmt="o-", capsize=3,
                   label=f"{key[0]}, λ={key[1]}, μ={key[2]}")
   by_n.set_xlabel("n (hardsync and 1-softsync: n = 1; async: n = λ)")
   by_n.set_ylabel("test error (seeds' range)")
@@ -434,7 +485,7 @@ def plot_reports(rows, out_dir):
                     key=lambda r: r["minibatch"])
     by_mu.errorbar([r["minibatch"] for r in chosen],
                    [r["test_error"] for r in chosen],
-                   yerr=_error_bars(chosen), fmt="o-", capsize=3,
+                   yerr=error_bars(chosen), fmt="o-", capsize=3,
                    label=f"{key[0]}, {key[1]}, λ={key[2]}")
     for r in chosen:
       by_mu.annotate(f"μλ={r['minibatch'] * r['learners']}",
@@ -448,7 +499,7 @@ def plot_reports(rows, out_dir):
                                   "diverged)" if r["diverged"] else "")
             for r in rows]
   per_point.barh(range(len(rows)), [r["test_error"] for r in rows],
-                 xerr=_error_bars(rows), capsize=3)
+                 xerr=error_bars(rows), capsize=3)
   per_point.set_yticks(range(len(rows)), labels, fontsize=6)
   per_point.invert_yaxis()
   per_point.set_xlabel("test error (seeds' range)")
@@ -469,9 +520,26 @@ def plot_reports(rows, out_dir):
   histograms.set_ylabel("gradients (first seed)")
   histograms.set_title("staleness histograms")
   histograms.legend(fontsize=6)
+  _plot_curves(by_epoch, [r for r in rows if r["curve"]])
   figure.tight_layout()
   figure.savefig(os.path.join(out_dir, "sweep.png"), dpi=100)
   pyplot.close(figure)
+
+
+def _plot_curves(axis, rows):
+  """Test error per epoch, the seeds' range shaded; no panel without any."""
+  if not rows:
+    axis.axis("off")
+    return
+  for r in rows:
+    epochs = range(1, len(r["curve"]) + 1)
+    axis.plot(epochs, r["curve"], "o-", label=f"{r['protocol']}, "
+              f"λ={r['learners']}, μ={r['minibatch']}, {rule_label(r)}")
+    axis.fill_between(epochs, r["curve_min"], r["curve_max"], alpha=0.2)
+  axis.set_xlabel("epoch")
+  axis.set_ylabel("test error (seeds' range)")
+  axis.set_title("test error per epoch")
+  axis.legend(fontsize=6)
 
 
 def config_from_flags():
@@ -507,7 +575,7 @@ def main(argv):
   # those of earlier sweeps into it (another policy, rule or momentum).
   print(write_reports(finished_rows(FLAGS.out_dir), FLAGS.out_dir))
   print(f"reports in {FLAGS.out_dir}: results.csv results.json table.md "
-        "sweep.png")
+        "sweep.png (and curves.md for points of several epochs)")
   return 0
 
 

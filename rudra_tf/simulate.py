@@ -431,7 +431,7 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
              steps_per_epoch=None, learning_rate=0.01, momentum=0.9,
              lr_policy="none", max_staleness=None, speed=SpeedModel(),
              seed=0, out=None, compensation="none",
-             compensation_strength=None):
+             compensation_strength=None, evaluate_each_epoch=False):
   """Trains `model_fn()` on `data` as λ learners under `protocol` would.
 
   Args:
@@ -444,11 +444,14 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
     speed: the learner-speed model.
     compensation, compensation_strength: a rule of compensation.py, as the
       StalenessAwareOptimizer takes it.
+    evaluate_each_epoch: also test the weights after each epoch (at the
+      first update that includes the epoch's last gradient), for a curve.
 
   Returns:
     A dict: test_accuracy, test_loss, report (a StalenessReport),
-    simulated_time (in units of one learner step), updates, gradients and
-    the final weights.
+    simulated_time (in units of one learner step), updates, gradients,
+    the final weights, and epoch_test_loss and epoch_test_accuracy (one
+    per epoch, the last the final ones; empty unless evaluate_each_epoch).
   """
   import tf_keras  # pylint: disable=g-import-not-at-top
   tf_keras.utils.set_random_seed(seed)
@@ -468,6 +471,10 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
   version_of = {}      # learner -> the version it pulled
   accepted = []        # (version, weight, batch) since the last update
   steps = steps_per_epoch or data.train_size // minibatch
+  math.master.compile(loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+  test_data = data.test_dataset(1000)
+  pushed, epoch_test_loss, epoch_test_accuracy = 0, [], []
 
   def on_pull(learner):
     if server.timestamp not in versions:
@@ -475,6 +482,8 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
     version_of[learner] = server.timestamp
 
   def on_push(learner, weight):
+    nonlocal pushed
+    pushed += 1
     batch = next(batches[learner])  # a dropped gradient used its batch too
     if weight is not None:
       accepted.append((version_of[learner], weight, batch))
@@ -493,13 +502,18 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
     accepted.clear()
     for version in set(versions) - set(version_of.values()):
       del versions[version]
+    finished_epochs = min(pushed // steps, epochs - 1)
+    while evaluate_each_epoch and len(epoch_test_loss) < finished_epochs:
+      loss, accuracy = math.master.evaluate(test_data, verbose=0)
+      epoch_test_loss.append(float(loss))
+      epoch_test_accuracy.append(float(accuracy))
 
   pushes = run_protocol(server, steps * epochs, speed, on_pull, on_push,
                         on_update)
-  math.master.compile(loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"])
-  test_loss, test_accuracy = math.master.evaluate(data.test_dataset(1000),
-                                                  verbose=0)
+  test_loss, test_accuracy = math.master.evaluate(test_data, verbose=0)
+  if evaluate_each_epoch:
+    epoch_test_loss.append(float(test_loss))
+    epoch_test_accuracy.append(float(test_accuracy))
   report = server.report()
   if out:
     rule_text = "" if not rule.enabled else f" compensation={rule.name}"
@@ -510,4 +524,6 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
           "test_loss": float(test_loss), "report": report,
           "simulated_time": pushes[-1][0] if pushes else 0.0,
           "updates": report.timestamp, "gradients": report.gradients,
-          "weights": math.master.get_weights()}
+          "weights": math.master.get_weights(),
+          "epoch_test_loss": epoch_test_loss,
+          "epoch_test_accuracy": epoch_test_accuracy}

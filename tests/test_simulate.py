@@ -375,3 +375,30 @@ def test_hardsync_simulation_equals_sgd_with_batch_mu_lambda():
   y = np.concatenate([b[1] for r in rounds for b in r])
   reference = plain_sgd(model_fn, 2, 0.1, x, y, batch_size=20)
   assert_same_weights(result["weights"], reference, atol=1e-6)
+
+
+def test_each_epochs_test_accuracy_is_that_of_a_run_stopped_there():
+  # 2-softsync, λ = 4 (c = 2): 30 gradients an epoch end an update, so the
+  # curve's epoch-k point is the weights after 15k updates, exactly what a
+  # k-epoch run ends with; the last point is the run's own test accuracy.
+  data, model_fn = tiny_problem(train_size=256)
+
+  def run(epochs, **kwargs):
+    return simulate.simulate(model_fn, data, "2-softsync", num_learners=4,
+                             minibatch=8, epochs=epochs, steps_per_epoch=30,
+                             learning_rate=0.05, seed=1,
+                             speed=simulate.SpeedModel("random", seed=2),
+                             **kwargs)
+  three = run(3, evaluate_each_epoch=True)
+  losses = three["epoch_test_loss"]
+  assert len(losses) == len(three["epoch_test_accuracy"]) == 3
+  assert losses[-1] == three["test_loss"]
+  assert three["epoch_test_accuracy"][-1] == three["test_accuracy"]
+  assert len(set(losses)) == 3  # each point tests different weights
+  for epochs in (1, 2):
+    stopped = run(epochs)
+    assert losses[epochs - 1] == pytest.approx(stopped["test_loss"],
+                                               rel=1e-6)
+    assert three["epoch_test_accuracy"][epochs - 1] == pytest.approx(
+        stopped["test_accuracy"], abs=1e-7)
+  assert run(2)["epoch_test_loss"] == []  # only when asked

@@ -76,6 +76,24 @@ def test_table_averages_over_seeds():
   assert "| 0.5500 (0.2000–0.9000), 1 diverged |" in line
 
 
+def test_curves_average_each_epoch_over_the_seeds():
+  row = {"protocol": "hardsync", "n": 1, "lr_policy": "none", "minibatch": 8,
+         "learners": 1, "staleness_mean": 0.0, "staleness_max": 0,
+         "updates": 10, "wall_time_s": 1.0, "test_error": 0.1}
+  assert sweep.curves_table([dict(row, seed=0, epoch_test_errors=[])]) is None
+  # Epoch 1: 0.5, 0.7, 0.6 -> 0.6 (0.5–0.7); epoch 2: 0.3, 0.5, 0.1 -> 0.3.
+  rows = [dict(row, seed=s, epoch_test_errors=curve) for s, curve in
+          enumerate(([0.5, 0.3], [0.7, 0.5], [0.6, 0.1]))]
+  averaged, = sweep.average_over_seeds(rows)
+  assert averaged["curve"] == pytest.approx([0.6, 0.3])
+  assert (averaged["curve_min"], averaged["curve_max"]) == ([0.5, 0.1],
+                                                            [0.7, 0.5])
+  header, _, line = sweep.curves_table(rows).splitlines()
+  assert header == "| protocol | lr_policy | μ | λ | seeds | epoch 1 | epoch 2 |"
+  assert line == ("| hardsync | none, momentum 0.9 | 8 | 1 | 3 | "
+                  "0.6000 (0.5000–0.7000) | 0.3000 (0.1000–0.5000) |")
+
+
 def test_plot_labels_name_the_rule_and_bars_span_the_seeds():
   row = {"protocol": "async", "n": 4, "lr_policy": "divide_by_n",
          "minibatch": 32, "learners": 4, "staleness_max": 3, "updates": 10,
@@ -112,6 +130,7 @@ def test_sweep_writes_rows_table_and_plot_and_resumes(tmp_path):
     assert row["gradients"] == 20
     assert sum(row["staleness_histogram"]) == 20
     assert row["test_error"] == pytest.approx(1 - row["test_accuracy"])
+    assert row["epoch_test_errors"] == []  # one epoch: no curve
   hardsync = [r for r in rows if r["protocol"] == "hardsync"]
   assert all(r["staleness_max"] == 0 for r in hardsync)
   with open(tmp_path / "results.csv") as stream:
@@ -124,15 +143,24 @@ def test_sweep_writes_rows_table_and_plot_and_resumes(tmp_path):
   assert second.stdout.count("done before") == 3
   assert ": running" not in second.stdout
   assert json.loads((tmp_path / "results.json").read_text()) == rows
-  # Another sweep into the same folder (a rule, no momentum): its point
-  # joins the reports beside the earlier ones.
+  # Another sweep into the same folder (a rule, no momentum, two epochs):
+  # its point joins the reports beside the earlier ones, with its curve.
   third = run_sweep(tmp_path, "--learners=2", "--protocols=hardsync",
-                    "--compensations=gap_aware", "--momentums=0")
+                    "--compensations=gap_aware", "--momentums=0",
+                    "--epochs=2")
   assert third.returncode == 0, third.stderr
   assert third.stdout.count(": running") == 1
   every = json.loads((tmp_path / "results.json").read_text())
   assert len(every) == 4
   added, = [r for r in every if r.get("compensation") == "gap_aware"]
-  assert added["momentum"] == 0.0 and added["gradients"] == 20
+  assert added["momentum"] == 0.0 and added["gradients"] == 40
+  first_epoch, last_epoch = added["epoch_test_errors"]
+  assert last_epoch == pytest.approx(added["test_error"])
+  assert 0 <= first_epoch <= 1
   assert "| hardsync | 1 | none | gap_aware | 0 | 4 | 2 |" in (
       tmp_path / "table.md").read_text()
+  assert added["lr"] == 0.05 and added["epochs"] == 2
+  curves = (tmp_path / "curves.md").read_text().splitlines()
+  assert len(curves) == 3  # only the two-epoch point has a curve
+  assert curves[2].startswith("| hardsync | none+gap_aware, momentum 0 | 4 "
+                              "| 2 | 1 | ")
