@@ -11,8 +11,10 @@ r"""The learning-rate sensitivity of a sweep: one sweep per α0, side by side.
       --out_dir=runs/lr_grid
 
 A sweep's point key has no α0 in it (launch/sweep.py), so each α0 is its
-own sweep folder, named here with its α0. Rows that record their α0 must
-agree with the name (rows of older sweeps do not record it).
+own sweep, named here with its α0: an out_dir, or the results.json a sweep
+wrote there (the per-seed rows, as committed under docs/study/). Rows that
+record their α0 must agree with the name (rows of older sweeps do not
+record it).
 
 Hardsync's update does not depend on lr_policy (σ = 0 and n = 1: every
 policy multiplies α0 by 1), so a hardsync row run with one policy stands for
@@ -24,6 +26,7 @@ against α0) and lr_grid.png (test error against n, one panel per
 lr_policy, a line per α0, the seeds' range as the error bar).
 """
 
+import json
 import os
 import sys
 
@@ -38,7 +41,8 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   flags.DEFINE_list("sweeps", None, "ALPHA=DIR pairs: a launch.sweep out_dir "
-                    "and the α0 (--lr) its points ran at.")
+                    "(or the results.json it wrote) and the α0 (--lr) its "
+                    "points ran at.")
   # launch.sweep (imported for its averaging) defines --out_dir already.
   FLAGS.set_default("out_dir", "runs/lr_grid")
 
@@ -82,7 +86,24 @@ def rows_at(alpha, rows):
   return tagged
 
 
-def average(sweeps, finished_rows=sweep.finished_rows):
+def sweep_rows(source):
+  """A sweep's per-seed rows: from its out_dir's points, or a results.json."""
+  if source.endswith(".json"):
+    if not os.path.isfile(source):
+      raise ValueError(f"{source} does not exist.")
+    with open(source) as stream:
+      rows = json.load(stream)
+    if not isinstance(rows, list) or not all("seed" in r for r in rows):
+      raise ValueError(f"{source} is not a sweep's results.json (a list of "
+                       "per-seed rows).")
+    return rows
+  if not os.path.isdir(os.path.join(source, "points")):
+    raise ValueError(f"{source} has no points/: not a launch.sweep out_dir "
+                     "(nor a results.json).")
+  return sweep.finished_rows(source)
+
+
+def average(sweeps, finished_rows=sweep_rows):
   """Rows averaged over seeds (launch.sweep's averaging), each with its α0."""
   averaged = []
   for alpha, folder in sweeps:
@@ -102,7 +123,9 @@ def markdown(averaged):
   lines = ["| protocol | n | lr_policy | μ | λ | " + " | ".join(
       f"α0 = {alpha:g}" for alpha in alphas) + " |",
            "|---" * (5 + len(alphas)) + "|"]
-  for key in sorted(cells, key=lambda k: (k[2], k[0], k[1], k[3], k[4])):
+  # By policy, then n (hardsync before 1-softsync), then λ and μ.
+  for key in sorted(cells, key=lambda k: (k[2], k[0], k[1] != "hardsync",
+                                          k[1], k[3], k[4])):
     n, protocol, policy, learners, minibatch = key
     lines.append(f"| {protocol} | {n} | {policy} | {minibatch} | {learners} | "
                  + " | ".join(cells[key].get(alpha, "–") for alpha in alphas)
@@ -146,10 +169,6 @@ def main(argv):
     if not sweeps:
       raise ValueError("--sweeps is required: ALPHA=DIR,... (one "
                        "launch.sweep out_dir per α0).")
-    for _, folder in sweeps:
-      if not os.path.isdir(os.path.join(folder, "points")):
-        raise ValueError(f"{folder} has no points/: not a launch.sweep "
-                         "out_dir.")
     averaged = average(sweeps)
   except ValueError as error:
     print(f"error: {error}", file=sys.stderr)

@@ -51,6 +51,18 @@ def test_hardsync_stands_for_every_policy_it_was_not_run_with():
   assert len(lr_grid.rows_at(0.01, both)) == 4
 
 
+def test_a_results_file_must_hold_per_seed_rows(tmp_path):
+  averaged_rows = tmp_path / "lr_grid.json"
+  averaged_rows.write_text(json.dumps([{"protocol": "async", "n": 30}]))
+  with pytest.raises(ValueError, match="is not a sweep's results.json"):
+    lr_grid.sweep_rows(str(averaged_rows))
+  with pytest.raises(ValueError, match="missing.json does not exist"):
+    lr_grid.sweep_rows(str(tmp_path / "missing.json"))
+  per_seed = tmp_path / "results.json"
+  per_seed.write_text(json.dumps([row("async", 30, "none", 0, 0.2)]))
+  assert lr_grid.sweep_rows(str(per_seed))[0]["test_error"] == 0.2
+
+
 def test_table_gives_each_rate_its_column_with_the_seeds_range():
   # α0 = 0.01: async/none seeds at 0.2 and 0.4 -> 0.3 (0.2–0.4); α0 = 0.05:
   # both diverged at 0.9; async/divide_by_n only at α0 = 0.05.
@@ -93,6 +105,15 @@ def test_two_simulated_sweeps_side_by_side(tmp_path):
   table = (tmp_path / "grid" / "lr_grid.md").read_text()
   assert "| α0 = 0.05 | α0 = 0.1 |" in table
   assert (tmp_path / "grid" / "lr_grid.png").stat().st_size > 10000
+  # A sweep named by the results.json it wrote gives the same grid.
+  from_file = subprocess.run(
+      [sys.executable, "-m", "launch.lr_grid",
+       f"--sweeps=0.05={tmp_path / 'lr0.05' / 'results.json'},{pairs[1]}",
+       f"--out_dir={tmp_path / 'grid_from_file'}"], cwd=REPO, env=env,
+      capture_output=True, text=True, timeout=600)
+  assert from_file.returncode == 0, from_file.stderr
+  assert json.loads((tmp_path / "grid_from_file" / "lr_grid.json")
+                    .read_text()) == rows
   wrong = subprocess.run(
       [sys.executable, "-m", "launch.lr_grid", f"--sweeps=0.05={tmp_path}"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
