@@ -142,8 +142,11 @@ def plot(averaged, path):
   figure, axes = pyplot.subplots(1, len(policies),
                                  figsize=(6 * len(policies), 5), sharey=True,
                                  squeeze=False)
+  alphas = sorted({row["lr"] for row in averaged})
+  # One colour per α0 in every panel, so a rate is the same line throughout.
+  colours = {alpha: f"C{index}" for index, alpha in enumerate(alphas)}
   for axis, policy in zip(axes[0], policies):
-    for alpha in sorted({row["lr"] for row in averaged}):
+    for alpha in alphas:
       chosen = sorted((r for r in averaged
                        if r["lr_policy"] == policy and r["lr"] == alpha),
                       key=lambda r: r["n"])
@@ -151,7 +154,7 @@ def plot(averaged, path):
         axis.errorbar([r["n"] for r in chosen],
                       [r["test_error"] for r in chosen],
                       yerr=sweep.error_bars(chosen), fmt="o-", capsize=3,
-                      label=f"α0 = {alpha:g}")
+                      color=colours[alpha], label=f"α0 = {alpha:g}")
     axis.set_xscale("log")
     axis.set_xlabel("n (hardsync: 1; async: λ)")
     axis.set_title(f"lr_policy {policy}")
