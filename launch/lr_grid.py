@@ -103,11 +103,11 @@ def sweep_rows(source):
   return sweep.finished_rows(source)
 
 
-def average(sweeps, finished_rows=sweep_rows):
+def average(sweeps, read_rows=sweep_rows):
   """Rows averaged over seeds (launch.sweep's averaging), each with its α0."""
   averaged = []
-  for alpha, folder in sweeps:
-    for row in sweep.average_over_seeds(rows_at(alpha, finished_rows(folder))):
+  for alpha, source in sweeps:
+    for row in sweep.average_over_seeds(rows_at(alpha, read_rows(source))):
       averaged.append(dict(row, lr=alpha))
   return averaged
 
@@ -171,7 +171,7 @@ def main(argv):
     sweeps = parse_sweeps(FLAGS.sweeps or [])
     if not sweeps:
       raise ValueError("--sweeps is required: ALPHA=DIR,... (one "
-                       "launch.sweep out_dir per α0).")
+                       "launch.sweep out_dir, or its results.json, per α0).")
     averaged = average(sweeps)
   except ValueError as error:
     print(f"error: {error}", file=sys.stderr)
