@@ -1,0 +1,78 @@
+"""docs/study.md stands on its committed rows (docs/study/).
+
+Three links of one chain: every study/ link in the study names a committed
+file; every "mean (low–high)" figure in the study appears in a committed
+table under docs/study/; and each sweep table there is what launch.sweep
+writes from the committed rows beside it. So a figure edited by hand, a
+table not regenerated after its rows changed, or rows not committed fail
+here.
+"""
+
+import json
+import os
+import re
+
+import pytest
+
+from launch import sweep
+
+STUDY_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "docs")
+STUDY = os.path.join(STUDY_DIR, "study.md")
+ROWS = os.path.join(STUDY_DIR, "study")
+
+# (rows, table, how launch.sweep writes it): each sweep folder's
+# results.json committed as ROWS, its table.md or curves.md as TABLE.
+SWEEP_TABLES = [
+    ("sweep_lambda30_mu4.json", "sweep_lambda30_mu4.md", "markdown"),
+    ("sweep_mu_lambda.json", "sweep_mu_lambda.md", "markdown"),
+    ("lambda30_epochs10.json", "lambda30_epochs10.md", "markdown"),
+    ("lambda30_epochs10.json", "lambda30_epochs10_curves.md", "curves"),
+    ("single_learner_curve.json", "single_learner_curve.md", "curves"),
+    ("compensation_lambda30.json", "compensation_lambda30.md", "markdown"),
+    ("compensation_cluster_lambda4.json", "compensation_cluster_lambda4.md",
+     "markdown"),
+    ("backup_straggler_lambda30.json", "backup_straggler_lambda30.md",
+     "markdown"),
+]
+
+# A figure with its seeds' range, as the study and sweep tables print it.
+MEAN_AND_RANGE = re.compile(r"\d\.\d{4} \(\d\.\d{4}–\d\.\d{4}\)")
+
+
+def _read(path):
+  with open(path, encoding="utf-8") as stream:
+    return stream.read()
+
+
+def _committed_tables():
+  return "".join(_read(os.path.join(ROWS, name))
+                 for name in sorted(os.listdir(ROWS)) if name.endswith(".md"))
+
+
+def test_every_study_link_names_a_committed_file():
+  links = set(re.findall(r"\]\((study/[^)\s]+)\)", _read(STUDY)))
+  assert links, "docs/study.md links no rows"
+  missing = sorted(link for link in links
+                   if not os.path.isfile(os.path.join(STUDY_DIR, link)))
+  assert not missing, f"docs/study.md links files not committed: {missing}"
+
+
+def test_every_mean_and_range_in_the_study_is_in_a_committed_table():
+  figures = set(MEAN_AND_RANGE.findall(_read(STUDY)))
+  assert len(figures) > 50, figures  # the pattern still matches the study
+  tables = _committed_tables()
+  unbacked = sorted(figure for figure in figures if figure not in tables)
+  assert not unbacked, ("figures in docs/study.md that no table under "
+                        f"docs/study/ holds: {unbacked}")
+
+
+@pytest.mark.parametrize("rows_name, table_name, kind", SWEEP_TABLES)
+def test_sweep_table_is_what_the_sweep_writes_from_its_rows(
+    rows_name, table_name, kind):
+  with open(os.path.join(ROWS, rows_name), encoding="utf-8") as stream:
+    rows = json.load(stream)
+  written = {"markdown": sweep.markdown_table,
+             "curves": sweep.curves_table}[kind](rows)
+  assert written == _read(os.path.join(ROWS, table_name)), (
+      f"docs/study/{table_name} is not launch.sweep's {kind} table of "
+      f"docs/study/{rows_name}: regenerate it from the rows")
