@@ -33,6 +33,10 @@ SWEEP_TABLES = [
      "markdown"),
     ("backup_straggler_lambda30.json", "backup_straggler_lambda30.md",
      "markdown"),
+    ("backup_straggler_lambda30_epochs10.json",
+     "backup_straggler_lambda30_epochs10.md", "markdown"),
+    ("backup_straggler_lambda30_epochs10.json",
+     "backup_straggler_lambda30_epochs10_curves.md", "curves"),
 ]
 
 # A figure with its seeds' range, as the study and sweep tables print it.
