@@ -37,6 +37,10 @@ SWEEP_TABLES = [
      "backup_straggler_lambda30_epochs10.md", "markdown"),
     ("backup_straggler_lambda30_epochs10.json",
      "backup_straggler_lambda30_epochs10_curves.md", "curves"),
+    ("compensation_lambda30_epochs10.json",
+     "compensation_lambda30_epochs10.md", "markdown"),
+    ("compensation_lambda30_epochs10.json",
+     "compensation_lambda30_epochs10_curves.md", "curves"),
 ]
 
 # A figure with its seeds' range, as the study and sweep tables print it.
