@@ -31,6 +31,8 @@ SWEEP_TABLES = [
     ("compensation_lambda30.json", "compensation_lambda30.md", "markdown"),
     ("compensation_cluster_lambda4.json", "compensation_cluster_lambda4.md",
      "markdown"),
+    ("compensation_cluster_dc_lambda4.json",
+     "compensation_cluster_dc_lambda4.md", "markdown"),
     ("backup_straggler_lambda30.json", "backup_straggler_lambda30.md",
      "markdown"),
     ("backup_straggler_lambda30_epochs10.json",
