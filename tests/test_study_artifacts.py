@@ -47,6 +47,10 @@ SWEEP_TABLES = [
      "markdown"),
     ("alpha0.05_lambda30_epochs10.json",
      "alpha0.05_lambda30_epochs10_curves.md", "curves"),
+    ("alpha0.01_lambda30_epochs10.json", "alpha0.01_lambda30_epochs10.md",
+     "markdown"),
+    ("alpha0.01_lambda30_epochs10.json",
+     "alpha0.01_lambda30_epochs10_curves.md", "curves"),
 ]
 
 # A figure with its seeds' range, as the study and sweep tables print it.
