@@ -171,7 +171,10 @@ def run_simulated(point, config):
       seed=point["seed"], evaluate_each_epoch=config["epochs"] > 1)
   report = result["report"]
   last = int(max([i for i, v in enumerate(report.histogram) if v] or [0]))
-  return {"test_accuracy": result["test_accuracy"],
+  # Gap-aware points also keep their divisor's per-epoch means (simulate.py's
+  # GapLog): launch.gap_report tabulates them.
+  gaps = {"epoch_gaps": result["epoch_gaps"]} if result["epoch_gaps"] else {}
+  return {**gaps, "test_accuracy": result["test_accuracy"],
           "test_loss": result["test_loss"],
           "wall_time_s": time.monotonic() - start,
           "simulated_time": result["simulated_time"],

@@ -384,6 +384,41 @@ class KerasModelMath:
     return summed
 
 
+class GapLog:
+  """What gap-aware's divisor was (compensation.py), averaged over every
+  parameter of every corrected gradient since the last `take`.
+
+  The four means say why the rule damps as much as it does: `distance`
+  |θ_now − θ_pulled|, `typical_step` C = α · (sqrt(v̂) + ε), `divisor`
+  G = 1 + distance / C, and `damping` 1/G, the factor the gradient was
+  multiplied by. Worked (compensation.py's golden values: θ_now − θ_pulled
+  = [0.2, −0.5], C = [0.1, 0.2], so G = [3, 3.5]): distance 0.35,
+  typical_step 0.15, divisor 3.25, damping (1/3 + 1/3.5) / 2 = 0.3095.
+  """
+
+  FIELDS = ("distance", "typical_step", "divisor", "damping")
+
+  def __init__(self):
+    self._sums = dict.fromkeys(self.FIELDS, 0.0)
+    self._count = 0
+
+  def add(self, current, pulled, step):
+    """One gradient's parameters: θ_now, θ_pulled and C (arrays)."""
+    divisor = compensation_lib.gap(current, pulled, step)
+    values = (np.abs(current - pulled), step, divisor, 1 / divisor)
+    for name, value in zip(self.FIELDS, values):
+      self._sums[name] += float(np.sum(value, dtype=np.float64))
+    self._count += np.size(divisor)
+
+  def take(self):
+    """The means since the last take (each None if nothing was added), and
+    a fresh start."""
+    means = {name: (total / self._count if self._count else None)
+             for name, total in self._sums.items()}
+    self.__init__()
+    return means
+
+
 class CompensatedGradients:
   """The simulator's half of a compensation rule (compensation.py): each
   accepted gradient corrected as the shard corrects it at its arrival.
@@ -391,12 +426,15 @@ class CompensatedGradients:
   No update happens between a round's pushes, so θ_now is the master's
   weights when the round's update is applied, and the gradients are
   corrected there in push order (the rule's state moves in that order).
+  Gap-aware's divisors are logged in `gaps` (a GapLog).
   """
 
   def __init__(self, rule, math):
     self.rule = rule
     self._math = math
     self._state = None  # per variable: (mean square, count)
+    self.gaps = (GapLog() if rule.name == compensation_lib.GAP_AWARE
+                 else None)
 
   def sum(self, accepted, versions, step_size):
     """Σ w · correct(g) over accepted: [(version, w, batch)] (numpy)."""
@@ -414,6 +452,10 @@ class CompensatedGradients:
             step_size)
         self._state[i] = (mean_square, count)
         summed[i] += weight * corrected.astype(summed[i].dtype)
+        if self.gaps is not None:
+          # C again, from the state `correct` just moved to (no side effect).
+          self.gaps.add(current[i], pulled[i], compensation_lib.typical_step(
+              mean_square, count, step_size, self.rule.decay))
     return summed
 
 
@@ -450,8 +492,10 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
   Returns:
     A dict: test_accuracy, test_loss, report (a StalenessReport),
     simulated_time (in units of one learner step), updates, gradients,
-    the final weights, and epoch_test_loss and epoch_test_accuracy (one
-    per epoch, the last the final ones; empty unless evaluate_each_epoch).
+    the final weights, epoch_test_loss and epoch_test_accuracy (one
+    per epoch, the last the final ones; empty unless evaluate_each_epoch),
+    and epoch_gaps (gap_aware only, else empty: per epoch, `GapLog.take`'s
+    means over the gradients accepted in it).
   """
   import tf_keras  # pylint: disable=g-import-not-at-top
   tf_keras.utils.set_random_seed(seed)
@@ -475,6 +519,8 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
                       metrics=["accuracy"])
   test_data = data.test_dataset(1000)
   pushed, epoch_test_loss, epoch_test_accuracy = 0, [], []
+  gaps = compensated.gaps if compensated else None
+  epoch_gaps = []
 
   def on_pull(learner):
     if server.timestamp not in versions:
@@ -503,6 +549,8 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
     for version in set(versions) - set(version_of.values()):
       del versions[version]
     finished_epochs = min(pushed // steps, epochs - 1)
+    while gaps is not None and len(epoch_gaps) < finished_epochs:
+      epoch_gaps.append(gaps.take())
     while evaluate_each_epoch and len(epoch_test_loss) < finished_epochs:
       loss, accuracy = math.master.evaluate(test_data, verbose=0)
       epoch_test_loss.append(float(loss))
@@ -514,6 +562,8 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
   if evaluate_each_epoch:
     epoch_test_loss.append(float(test_loss))
     epoch_test_accuracy.append(float(test_accuracy))
+  if gaps is not None:
+    epoch_gaps.append(gaps.take())
   report = server.report()
   if out:
     rule_text = "" if not rule.enabled else f" compensation={rule.name}"
@@ -526,4 +576,5 @@ def simulate(model_fn, data, protocol, num_learners, minibatch, epochs=1,
           "updates": report.timestamp, "gradients": report.gradients,
           "weights": math.master.get_weights(),
           "epoch_test_loss": epoch_test_loss,
-          "epoch_test_accuracy": epoch_test_accuracy}
+          "epoch_test_accuracy": epoch_test_accuracy,
+          "epoch_gaps": epoch_gaps}

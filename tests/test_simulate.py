@@ -314,6 +314,45 @@ def test_compensation_corrects_each_stale_gradient_against_the_master():
   assert distance(weights(compensation="gap_aware")) < distance(plain)
 
 
+def test_gap_log_averages_compensation_golden_values():
+  # compensation.py's worked values: θ_now − θ_pulled = [0.2, −0.5],
+  # C = [0.1, 0.2], so G = [3, 3.5]: distance (0.2 + 0.5) / 2 = 0.35,
+  # C (0.1 + 0.2) / 2 = 0.15, G 3.25, 1/G (1/3 + 1/3.5) / 2 = 0.30952.
+  log = simulate.GapLog()
+  log.add(np.array([0.5, 1.0]), np.array([0.3, 1.5]), np.array([0.1, 0.2]))
+  means = log.take()
+  np.testing.assert_allclose(
+      [means[name] for name in simulate.GapLog.FIELDS],
+      [0.35, 0.15, 3.25, (1 / 3 + 1 / 3.5) / 2])
+  # A second gradient, fresh (θ_pulled = θ_now: G = 1), after the take:
+  # only it counts.
+  log.add(np.array([0.5, 1.0]), np.array([0.5, 1.0]), np.array([0.1, 0.2]))
+  assert log.take() == {"distance": 0.0, "typical_step": pytest.approx(0.15),
+                        "divisor": 1.0, "damping": 1.0}
+  assert log.take() == dict.fromkeys(simulate.GapLog.FIELDS)
+
+
+def test_gap_aware_simulation_logs_its_divisor_per_epoch():
+  data, model_fn = tiny_problem(train_size=256)
+
+  def run(num_learners, compensation="gap_aware"):
+    return simulate.simulate(model_fn, data, "async", num_learners,
+                             minibatch=8, epochs=2, steps_per_epoch=40,
+                             learning_rate=0.05, seed=3,
+                             compensation=compensation)["epoch_gaps"]
+  # One learner: never stale, so G = 1 for every parameter, every epoch.
+  alone = run(1)
+  assert [(e["distance"], e["divisor"], e["damping"]) for e in alone] == [
+      (0.0, 1.0, 1.0)] * 2
+  assert all(e["typical_step"] > 0 for e in alone)
+  # Four learners: σ = 3 after the first round, so the weights moved and
+  # G > 1; the damping is at most 1 and at least 1 / mean G (Jensen).
+  for epoch in run(4):
+    assert epoch["distance"] > 0 and epoch["divisor"] > 1
+    assert 1 / epoch["divisor"] <= epoch["damping"] < 1
+  assert run(4, compensation="delay") == []
+
+
 class _Weights:
   """Weights in the shape assert_same_weights compares with."""
 
