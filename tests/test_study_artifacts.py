@@ -14,6 +14,7 @@ import re
 
 import pytest
 
+from launch import lr_grid
 from launch import sweep
 
 STUDY_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "docs")
@@ -51,6 +52,14 @@ SWEEP_TABLES = [
      "markdown"),
     ("alpha0.01_lambda30_epochs10.json",
      "alpha0.01_lambda30_epochs10_curves.md", "curves"),
+]
+
+# (table, {α0: rows}): launch.lr_grid's table of the sweeps, one per α0.
+LR_GRIDS = [
+    ("lr_grid_lambda30.md", {
+        0.005: "alpha_grid_lr0.005.json", 0.01: "alpha_grid_lr0.01.json",
+        0.02: "sweep_lambda30_mu4.json", 0.05: "alpha_grid_lr0.05.json",
+        0.1: "alpha_grid_lr0.1.json"}),
 ]
 
 # A figure with its seeds' range, as the study and sweep tables print it.
@@ -94,3 +103,13 @@ def test_sweep_table_is_what_the_sweep_writes_from_its_rows(
   assert written == _read(os.path.join(ROWS, table_name)), (
       f"docs/study/{table_name} is not launch.sweep's {kind} table of "
       f"docs/study/{rows_name}: regenerate it from the rows")
+
+
+@pytest.mark.parametrize("table_name, sweeps", LR_GRIDS)
+def test_lr_grid_table_is_what_lr_grid_writes_from_its_sweeps(
+    table_name, sweeps):
+  averaged = lr_grid.average(
+      [(alpha, os.path.join(ROWS, name)) for alpha, name in sweeps.items()])
+  assert lr_grid.markdown(averaged) == _read(os.path.join(ROWS, table_name)), (
+      f"docs/study/{table_name} is not launch.lr_grid's table of its "
+      "sweeps: regenerate it")
