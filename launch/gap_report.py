@@ -31,7 +31,7 @@ FLAGS = flags.FLAGS
 
 # The order GapLog writes them in, with what each is in words.
 STATISTICS = (
-    ("distance", "mean |θ_now − θ_pulled|"),
+    ("distance", "mean abs(θ_now − θ_pulled)"),
     ("typical_step", "mean C"),
     ("divisor", "mean G"),
     ("damping", "mean 1/G"),

@@ -2,10 +2,11 @@
 
 Three links of one chain: every study/ link in the study names a committed
 file; every "mean (low–high)" figure in the study appears in a committed
-table under docs/study/; and each sweep table there is what launch.sweep
-writes from the committed rows beside it. So a figure edited by hand, a
-table not regenerated after its rows changed, or rows not committed fail
-here.
+table under docs/study/; and each table there is what its tool writes
+from the committed rows beside it (launch.sweep's tables and curves,
+launch.lr_grid's α0 grids, launch.gap_report's divisor tables). So a
+figure edited by hand, a table not regenerated after its rows changed, or
+rows not committed fail here.
 """
 
 import json
@@ -14,6 +15,7 @@ import re
 
 import pytest
 
+from launch import gap_report
 from launch import lr_grid
 from launch import sweep
 
@@ -60,6 +62,12 @@ LR_GRIDS = [
         0.005: "alpha_grid_lr0.005.json", 0.01: "alpha_grid_lr0.01.json",
         0.02: "sweep_lambda30_mu4.json", 0.05: "alpha_grid_lr0.05.json",
         0.1: "alpha_grid_lr0.1.json"}),
+]
+
+# (rows, table): launch.gap_report's table of a gap_aware sweep's rows.
+GAP_TABLES = [
+    ("gap_aware_divisor_lambda30_epochs10.json",
+     "gap_aware_divisor_lambda30_epochs10.md"),
 ]
 
 # A figure with its seeds' range, as the study and sweep tables print it.
@@ -113,3 +121,14 @@ def test_lr_grid_table_is_what_lr_grid_writes_from_its_sweeps(
   assert lr_grid.markdown(averaged) == _read(os.path.join(ROWS, table_name)), (
       f"docs/study/{table_name} is not launch.lr_grid's table of its "
       "sweeps: regenerate it")
+
+
+@pytest.mark.parametrize("rows_name, table_name", GAP_TABLES)
+def test_gap_table_is_what_gap_report_writes_from_its_rows(
+    rows_name, table_name):
+  with open(os.path.join(ROWS, rows_name), encoding="utf-8") as stream:
+    rows = json.load(stream)
+  written = gap_report.markdown(gap_report.averaged_gaps(rows))
+  assert written == _read(os.path.join(ROWS, table_name)), (
+      f"docs/study/{table_name} is not launch.gap_report's table of "
+      f"docs/study/{rows_name}: regenerate it from the rows")
