@@ -54,6 +54,14 @@ SWEEP_TABLES = [
      "markdown"),
     ("alpha0.01_lambda30_epochs10.json",
      "alpha0.01_lambda30_epochs10_curves.md", "curves"),
+    ("alpha0.005_lambda30_epochs10.json", "alpha0.005_lambda30_epochs10.md",
+     "markdown"),
+    ("alpha0.005_lambda30_epochs10.json",
+     "alpha0.005_lambda30_epochs10_curves.md", "curves"),
+    ("alpha0.1_lambda30_epochs10.json", "alpha0.1_lambda30_epochs10.md",
+     "markdown"),
+    ("alpha0.1_lambda30_epochs10.json",
+     "alpha0.1_lambda30_epochs10_curves.md", "curves"),
 ]
 
 # (table, {α0: rows}): launch.lr_grid's table of the sweeps, one per α0.
@@ -62,6 +70,12 @@ LR_GRIDS = [
         0.005: "alpha_grid_lr0.005.json", 0.01: "alpha_grid_lr0.01.json",
         0.02: "sweep_lambda30_mu4.json", 0.05: "alpha_grid_lr0.05.json",
         0.1: "alpha_grid_lr0.1.json"}),
+    ("lr_grid_lambda30_epochs10.md", {
+        0.005: "alpha0.005_lambda30_epochs10.json",
+        0.01: "alpha0.01_lambda30_epochs10.json",
+        0.02: "lambda30_epochs10.json",
+        0.05: "alpha0.05_lambda30_epochs10.json",
+        0.1: "alpha0.1_lambda30_epochs10.json"}),
 ]
 
 # (rows, table): launch.gap_report's table of a gap_aware sweep's rows.
