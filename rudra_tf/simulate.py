@@ -399,6 +399,9 @@ class GapLog:
   FIELDS = ("distance", "typical_step", "divisor", "damping")
 
   def __init__(self):
+    self._restart()
+
+  def _restart(self):
     self._sums = dict.fromkeys(self.FIELDS, 0.0)
     self._count = 0
 
@@ -415,7 +418,7 @@ class GapLog:
     a fresh start."""
     means = {name: (total / self._count if self._count else None)
              for name, total in self._sums.items()}
-    self.__init__()
+    self._restart()
     return means
 
 

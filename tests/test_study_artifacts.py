@@ -95,6 +95,11 @@ def _read(path):
     return stream.read()
 
 
+def _rows(name):
+  with open(os.path.join(ROWS, name), encoding="utf-8") as stream:
+    return json.load(stream)
+
+
 def _committed_tables():
   return "".join(_read(os.path.join(ROWS, name))
                  for name in sorted(os.listdir(ROWS)) if name.endswith(".md"))
@@ -120,8 +125,7 @@ def test_every_mean_and_range_in_the_study_is_in_a_committed_table():
 @pytest.mark.parametrize("rows_name, table_name, kind", SWEEP_TABLES)
 def test_sweep_table_is_what_the_sweep_writes_from_its_rows(
     rows_name, table_name, kind):
-  with open(os.path.join(ROWS, rows_name), encoding="utf-8") as stream:
-    rows = json.load(stream)
+  rows = _rows(rows_name)
   written = {"markdown": sweep.markdown_table,
              "curves": sweep.curves_table}[kind](rows)
   assert written == _read(os.path.join(ROWS, table_name)), (
@@ -142,9 +146,7 @@ def test_lr_grid_table_is_what_lr_grid_writes_from_its_sweeps(
 @pytest.mark.parametrize("rows_name, table_name", GAP_TABLES)
 def test_gap_table_is_what_gap_report_writes_from_its_rows(
     rows_name, table_name):
-  with open(os.path.join(ROWS, rows_name), encoding="utf-8") as stream:
-    rows = json.load(stream)
-  written = gap_report.markdown(gap_report.averaged_gaps(rows))
+  written = gap_report.markdown(gap_report.averaged_gaps(_rows(rows_name)))
   assert written == _read(os.path.join(ROWS, table_name)), (
       f"docs/study/{table_name} is not launch.gap_report's table of "
       f"docs/study/{rows_name}: regenerate it from the rows")
