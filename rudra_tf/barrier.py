@@ -20,9 +20,21 @@ Backup rounds ("<b>-backup-hardsync", c = λ − b): a round completes with
 the first c gradients of its version, so c tokens come back; the b learners
 still computing on that version keep theirs, and their late gradient
 (σ = 1) is dropped. A late learner's next pull reads the new version with
-the token it kept (`reuse`), never with one a round handed out: every
-learner, fast or late, pulls each version at most once, and one that
-pushed into a round waits for the round to complete.
+the token it kept (`reuse`), never with one a round handed out, and no
+other learner can take a kept token.
+
+Tokens in AVAILABLE belong to no learner: first come, first served, as in
+TF1's SyncReplicasOptimizer token queue. So a learner whose gradient is
+pending may take a second token of the same version when one is still
+unclaimed: at the start (λ tokens, a learner whose first step starts late),
+when a learner is slow to come back for the token a round rang for it, or
+when a dead learner's token is released. The round then holds two
+gradients of that learner (each on the version, σ = 0), and in backup
+rounds the gradient dropped as late may be a fast learner's. What always
+holds: at most λ gradients are computed on a version, the round takes the
+first c of them, and every accepted gradient has σ = 0. Pooled tokens are
+what let a dead learner's re-run closure finish its round on another
+learner (`release`).
 
 so in an EXACT barrier, `available + Σ holding + pending == λ` (the
 conservation rule, asserted by tests/test_barrier.py after every
@@ -61,6 +73,14 @@ The same with one backup ("1-backup-hardsync", λ = 3, c = 2):
     take(0), (1)    a=0 h=[1,1,1] p=0
     push(2) late    a=0 h=[1,1,1] p=0   (σ = 1: dropped, token kept)
     reuse(2)        a=0 h=[1,1,1] p=0   (learner 2 reads version 1)
+
+A learner that starts late leaves its token in the pool (λ = 3, c = 2):
+
+    take(1), (2)    a=1 h=[0,1,1] p=0
+    push(1) kept    a=1 h=[0,0,1] p=1
+    take(1)         a=0 h=[0,1,1] p=1   (learner 1 reads version 0 again)
+    push(2) round   a=2 h=[0,1,0] p=0   (version 1)
+    push(1) late    a=2 h=[0,1,0] p=0   (σ = 1: a fast learner's, dropped)
 """
 
 

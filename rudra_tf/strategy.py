@@ -183,9 +183,8 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
     replicas_to_aggregate = λ − b): each round takes the first c = λ − b
     gradients computed on its version, and a gradient that arrives after
     its version's round is dropped and counted (`dropped`; the accepted
-    ones all have σ = 0). A learner pulls each version at most once; one
-    whose gradient a round took waits for that round, a late one pulls the
-    new version at once (barrier.py). A slow learner stops slowing the
+    ones all have σ = 0). A late learner pulls the new version at once
+    with the token it kept (barrier.py). A slow learner stops slowing the
     rounds; its gradients are spent.
 
   The learning-rate policy (α0, α0/n, α0/σ) belongs to
@@ -262,6 +261,15 @@ class RudraStrategy(tf.distribute.experimental.ParameterServerStrategy):
       tables"). Row gradients are added to a dense accumulator (a table's
       size on the ps), and softsync/hardsync apply their mean densely.
     * evaluate and predict steps read the live weights without the lock.
+    * hardsync's tokens are pooled (first come, first served, as TF1's
+      SyncReplicasOptimizer's): a round takes the first c gradients of its
+      version, all with σ = 0, but not necessarily one from each learner.
+      A learner whose gradient is pending may pull the same version again
+      while a token of it is unclaimed (a learner starting late or slow to
+      come back, a dead learner's released token), and in backup rounds
+      the gradient dropped as late may then be a fast learner's
+      (barrier.py). Pooling is what lets a dead learner's re-run finish
+      its round on another learner.
     * hardsync with several shards runs a barrier per shard; a learner
       takes its tokens in shard order, so the barriers cannot deadlock, but
       a learner may pull different versions of different shards.

@@ -116,6 +116,47 @@ def test_the_docstring_backup_trajectory():
   assert 2 * 2 + 0 == counters.received - counters.dropped
 
 
+def test_a_late_starter_leaves_its_token_to_a_fast_learner():
+  # barrier.py's last trajectory (λ = 3, one backup, c = 2): learner 0 has
+  # not come for its token yet, so learner 1, whose gradient is pending,
+  # takes it and reads version 0 again. Learner 2's push completes the
+  # round; learner 1's second gradient of version 0 is the late one,
+  # dropped with σ = 1, though learner 1 is no straggler.
+  parsed = protocol_lib.parse_protocol("1-backup-hardsync", 3)
+  counters = transition.Counters.initial(parsed, BINS)
+
+  def take(learner):
+    nonlocal counters
+    assert not barrier.reuse(counters, learner, True, OPS)
+    taken, changes = barrier.take(counters, learner, True, OPS)
+    counters = transition.apply(counters, changes)
+    return bool(taken)
+
+  def push(learner, pulled):
+    nonlocal counters
+    result = transition.push(counters, pulled, parsed, BINS, learner=learner)
+    counters = transition.apply(counters, result.changes)
+    return int(result.staleness), bool(result.accepted)
+
+  assert take(1) and take(2) and tokens(counters) == (1, [0, 1, 1], 0)
+  assert push(1, 0) == (0, True) and tokens(counters) == (1, [0, 0, 1], 1)
+  assert take(1) and tokens(counters) == (0, [0, 1, 1], 1)  # version 0 again
+  assert push(2, 0) == (0, True) and counters.timestamp == 1
+  assert tokens(counters) == (2, [0, 1, 0], 0)
+  assert push(1, 0) == (1, False)  # a fast learner's gradient is the late one
+  assert tokens(counters) == (2, [0, 1, 0], 0) and counters.dropped == 1
+  assert counters.learners.tolist() == [0, 2, 1]
+  assert barrier.tokens_in_play(counters) == 3
+  # Plain hardsync (λ = 2, c = 2) the same way: learner 0's two gradients
+  # make the round while learner 1 has not pulled; both have σ = 0.
+  parsed = protocol_lib.parse_protocol("hardsync", 2)
+  counters = transition.Counters.initial(parsed, BINS)
+  assert take(0) and push(0, 0) == (0, True)
+  assert take(0) and push(0, 0) == (0, True)
+  assert counters.timestamp == 1 and tokens(counters) == (2, [0, 0], 0)
+  assert counters.learners.tolist() == [2, 0]
+
+
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("protocol,num_learners", [
     ("hardsync", 1), ("hardsync", 2), ("hardsync", 4),

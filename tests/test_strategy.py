@@ -219,8 +219,8 @@ def test_hardsync_on_two_shards_is_never_stale_and_exact():
 def test_backup_hardsync_drops_the_stragglers_late_gradients():
   # λ = 3, "1-backup-hardsync" (c = 2), learner 0 sleeping 0.4 s a step,
   # the others not at all: rounds complete with the two fast learners, and
-  # every gradient of learner 0 that lands after its version's round is
-  # dropped and counted. Accepted gradients all have σ = 0.
+  # every gradient that lands after its version's round is dropped and
+  # counted. Accepted gradients all have σ = 0.
   report = run_in_fresh_process(backup_round_with_a_straggler, steps=30,
                                 timeout=300)
   (shard,) = report["shards"]
@@ -230,9 +230,12 @@ def test_backup_hardsync_drops_the_stragglers_late_gradients():
   assert shard["dropped"] == shard["histogram"][1:].sum()
   assert shard["histogram"][0] == 30 - shard["dropped"]
   assert_invariants(report)
-  # The straggler sent few of the 30 and its late ones are the dropped.
+  # The straggler sent few of the 30. At most λ = 3 gradients are computed
+  # on a version and its round takes c = 2, so at most one per completed
+  # round is dropped. (Whose depends on who came first: a fast learner may
+  # take a token the straggler has not claimed yet, barrier.py.)
   assert shard["learner_gradients"][0] < 10
-  assert shard["dropped"] <= shard["learner_gradients"][0]
+  assert shard["dropped"] <= shard["timestamp"]
   # Tokens: available + held (a late learner keeps its own) + pending == λ.
   ((available, held),) = report["tokens"]
   assert available + sum(held) + shard["pending"] == 3
