@@ -28,6 +28,10 @@ ROWS = os.path.join(STUDY_DIR, "study")
 SWEEP_TABLES = [
     ("sweep_lambda30_mu4.json", "sweep_lambda30_mu4.md", "markdown"),
     ("sweep_mu_lambda.json", "sweep_mu_lambda.md", "markdown"),
+    ("sweep_mu_lambda_epochs10.json", "sweep_mu_lambda_epochs10.md",
+     "markdown"),
+    ("sweep_mu_lambda_epochs10.json", "sweep_mu_lambda_epochs10_curves.md",
+     "curves"),
     ("lambda30_epochs10.json", "lambda30_epochs10.md", "markdown"),
     ("lambda30_epochs10.json", "lambda30_epochs10_curves.md", "curves"),
     ("single_learner_curve.json", "single_learner_curve.md", "curves"),
