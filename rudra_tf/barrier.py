@@ -31,8 +31,9 @@ when a learner is slow to come back for the token a round rang for it, or
 when a dead learner's token is released. The round then holds two
 gradients of that learner (each on the version, σ = 0), and in backup
 rounds the gradient dropped as late may be a fast learner's. What always
-holds: at most λ gradients are computed on a version, the round takes the
-first c of them, and every accepted gradient has σ = 0. Pooled tokens are
+holds: at most λ gradients of a version are delivered (a duplicate's or a
+dead incarnation's push is refused), the round takes the first c of them,
+and every accepted gradient has σ = 0. Pooled tokens are
 what let a dead learner's re-run closure finish its round on another
 learner (`release`).
 

@@ -230,8 +230,8 @@ def test_backup_hardsync_drops_the_stragglers_late_gradients():
   assert shard["dropped"] == shard["histogram"][1:].sum()
   assert shard["histogram"][0] == 30 - shard["dropped"]
   assert_invariants(report)
-  # The straggler sent few of the 30. At most λ = 3 gradients are computed
-  # on a version and its round takes c = 2, so at most one per completed
+  # The straggler sent few of the 30. At most λ = 3 gradients of a version
+  # are delivered and its round takes c = 2, so at most one per completed
   # round is dropped. (Whose depends on who came first: a fast learner may
   # take a token the straggler has not claimed yet, barrier.py.)
   assert shard["learner_gradients"][0] < 10
