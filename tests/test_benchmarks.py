@@ -360,7 +360,8 @@ def test_a_protocol_trains_to_a_target_on_rate_limited_links(tmp_path):
   assert row["pushes_per_s"] == pytest.approx(10 / seconds)
   assert row["updates_per_s"] == pytest.approx(5 / seconds)
   # A step pulls the whole model and pushes a whole gradient: 2M on the
-  # learners' links per gradient, plus headers; the meter samples every
-  # 0.5 s, a fair share of so short an epoch (one pull or push more or less
-  # would be 1.5 or 2.5).
+  # learners' links per gradient, plus headers. The meter samples every
+  # 0.1 s and interpolates between samples, so each end of this 1.5-second
+  # epoch can be off by a period's traffic; one pull or push more or less
+  # would be 1.5 or 2.5.
   assert 1.6 < row["learner_wire_m_per_gradient"] < 2.4
