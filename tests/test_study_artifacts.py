@@ -90,6 +90,8 @@ GAP_TABLES = [
      "gap_aware_divisor_momentum0.9_lambda30_epochs10.md"),
     ("gap_aware_divisor_momentum0_lambda30_epochs10.json",
      "gap_aware_divisor_momentum0_lambda30_epochs10.md"),
+    ("gap_aware_divisor_divide_by_n_lambda30_epochs10.json",
+     "gap_aware_divisor_divide_by_n_lambda30_epochs10.md"),
 ]
 
 # A figure with its seeds' range, as the study and sweep tables print it.
